@@ -1,0 +1,22 @@
+#pragma once
+// Compiler/host-device configuration shared by every header.
+//
+// DC_HD marks the pure numeric helpers in math/ so one definition serves the CPU loops and the
+// CUDA kernels. Under nvcc they become __host__ __device__; under a plain C++ compiler they are
+// ordinary inline functions, so host-only builds never need the CUDA toolkit.
+
+#if defined(__CUDACC__)
+#define DC_HD __host__ __device__ __forceinline__
+#define DC_COMPILING_CUDA 1
+#else
+#define DC_HD inline
+#define DC_COMPILING_CUDA 0
+#endif
+
+// Restrict-qualified pointers help the CPU loops vectorise; nvcc and g++/clang share the spelling.
+#define DC_RESTRICT __restrict__
+
+namespace dc {
+inline constexpr int kVersionMajor = 0;
+inline constexpr int kVersionMinor = 1;
+}  // namespace dc

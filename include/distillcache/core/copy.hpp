@@ -1,0 +1,23 @@
+#pragma once
+// Host <-> backend copies. The CPU overloads are plain memcpy; cuda/copy.cuh adds the CUDA ones
+// (stream-ordered cudaMemcpyAsync), so generic code calls copy_* without knowing the backend.
+#include <cstddef>
+#include <cstring>
+
+#include "backend.hpp"
+
+namespace dc {
+
+template <class T>
+void copy_to_backend(const Context<cpu>&, T* dst, const T* src, std::size_t count) {
+  if (count) std::memcpy(dst, src, count * sizeof(T));
+}
+
+template <class T>
+void copy_to_host(const Context<cpu>&, T* dst, const T* src, std::size_t count) {
+  if (count) std::memcpy(dst, src, count * sizeof(T));
+}
+
+inline void synchronize(const Context<cpu>&) {}
+
+}  // namespace dc

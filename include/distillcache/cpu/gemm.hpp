@@ -1,0 +1,83 @@
+#pragma once
+// CPU matrix multiply y[n, out] (+)= x[n, in] * w[out, in]^T, fp32, cache-blocked.
+//
+// Both operands are read along their contiguous inner dimension. The micro-kernel computes a
+// kRows x kCols tile of dot products with kLanes-wide partial sums, which the compiler turns into
+// vector FMAs without -ffast-math (each lane is an independent sum). Every output element is
+// produced by one thread in a fixed order, so results do not depend on the thread count.
+// Output rows are split into tiles that keep a block of w in L2 while all x rows stream past.
+#include <algorithm>
+#include <cstdint>
+
+#include "../core/backend.hpp"
+#include "../core/config.hpp"
+
+namespace dc {
+namespace cpu_detail {
+
+inline constexpr int kLanes = 8;
+inline constexpr int kTileOut = 64;  // w rows per parallel tile: 64 x 4 KiB fits in L2
+
+template <int kRows, int kCols>
+inline void gemm_micro(float* DC_RESTRICT y, int ldy, const float* DC_RESTRICT x,
+                       const float* DC_RESTRICT w, int in, bool accumulate) {
+  float acc[kRows][kCols][kLanes] = {};
+  const int in_vec = in / kLanes * kLanes;
+  for (int k = 0; k < in_vec; k += kLanes) {
+    for (int r = 0; r < kRows; ++r) {
+      for (int c = 0; c < kCols; ++c) {
+        const float* xr = x + std::int64_t(r) * in + k;
+        const float* wc = w + std::int64_t(c) * in + k;
+        for (int l = 0; l < kLanes; ++l) acc[r][c][l] += xr[l] * wc[l];
+      }
+    }
+  }
+  for (int r = 0; r < kRows; ++r) {
+    for (int c = 0; c < kCols; ++c) {
+      float sum = 0.0f;
+      for (int l = 0; l < kLanes; ++l) sum += acc[r][c][l];
+      for (int k = in_vec; k < in; ++k)
+        sum += x[std::int64_t(r) * in + k] * w[std::int64_t(c) * in + k];
+      float& out = y[std::int64_t(r) * ldy + c];
+      out = accumulate ? out + sum : sum;
+    }
+  }
+}
+
+// Dispatches a (rows x cols) edge tile to the matching fixed-size micro-kernel.
+template <int kMaxRows, int kMaxCols>
+inline void gemm_tile(float* y, int ldy, const float* x, const float* w, int in, int rows, int cols,
+                      bool accumulate) {
+  if constexpr (kMaxRows > 1) {
+    if (rows < kMaxRows) return gemm_tile<kMaxRows - 1, kMaxCols>(y, ldy, x, w, in, rows, cols, accumulate);
+  }
+  if constexpr (kMaxCols > 1) {
+    if (cols < kMaxCols) return gemm_tile<kMaxRows, kMaxCols - 1>(y, ldy, x, w, in, rows, cols, accumulate);
+  }
+  gemm_micro<kMaxRows, kMaxCols>(y, ldy, x, w, in, accumulate);
+}
+
+}  // namespace cpu_detail
+
+// y[n, out] = x[n, in] * w[out, in]^T, or y += ... when accumulate (fuses the residual add).
+inline void matmul(const Context<cpu>&, float* y, const float* x, const float* w, int n, int in,
+                   int out, bool accumulate = false) {
+  constexpr int kRows = 4, kCols = 2;
+  const int tiles = (out + cpu_detail::kTileOut - 1) / cpu_detail::kTileOut;
+#pragma omp parallel for schedule(static)
+  for (int tile = 0; tile < tiles; ++tile) {
+    const int o_begin = tile * cpu_detail::kTileOut;
+    const int o_end = std::min(out, o_begin + cpu_detail::kTileOut);
+    for (int i = 0; i < n; i += kRows) {
+      const int rows = std::min(kRows, n - i);
+      for (int o = o_begin; o < o_end; o += kCols) {
+        const int cols = std::min(kCols, o_end - o);
+        cpu_detail::gemm_tile<kRows, kCols>(y + std::int64_t(i) * out + o, out,
+                                            x + std::int64_t(i) * in, w + std::int64_t(o) * in, in,
+                                            rows, cols, accumulate);
+      }
+    }
+  }
+}
+
+}  // namespace dc

@@ -1,0 +1,138 @@
+#pragma once
+// Loads a Hugging Face checkpoint folder (config.json + safetensors weights) into fp32 host
+// weights. Weights come from a single model.safetensors or from shards listed in
+// model.safetensors.index.json. Every expected tensor is looked up by its HF name (see
+// for_each_weight), so errors name the tensor the user can find in their checkpoint.
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "../core/error.hpp"
+#include "../model/config.hpp"
+#include "../model/weights.hpp"
+#include "hf_config.hpp"
+#include "safetensors.hpp"
+
+namespace dc {
+
+struct HfModel {
+  ModelConfig config;
+  HostWeights weights;
+};
+
+namespace detail {
+
+// Where each tensor of a checkpoint lives: one file, or a weight_map over shard files.
+class HfWeightSource {
+ public:
+  explicit HfWeightSource(const std::filesystem::path& folder) {
+    const auto single = folder / "model.safetensors";
+    const auto index = folder / "model.safetensors.index.json";
+    if (std::filesystem::exists(single)) {
+      searched_ = single.string();
+      files_.emplace("model.safetensors", std::make_unique<SafetensorsFile>(single));
+    } else if (std::filesystem::exists(index)) {
+      searched_ = index.string() + " (weight_map)";
+      read_index(folder, index);
+    } else {
+      DC_FAIL(folder.string(), ": no model.safetensors or model.safetensors.index.json");
+    }
+  }
+
+  // The file holding `name`, or nullptr when the checkpoint does not have it.
+  const SafetensorsFile* find(const std::string& name) const {
+    if (weight_map_.empty()) {
+      const SafetensorsFile& only = *files_.begin()->second;
+      return only.contains(name) ? &only : nullptr;
+    }
+    auto it = weight_map_.find(name);
+    if (it == weight_map_.end()) return nullptr;
+    const SafetensorsFile& shard = *files_.at(it->second);
+    DC_CHECK(shard.contains(name), searched_, ": tensor '", name, "' is mapped to shard '",
+             it->second, "', which does not contain it");
+    return &shard;
+  }
+
+  // Describes what was searched, for "missing tensor" messages.
+  const std::string& searched() const { return searched_; }
+
+ private:
+  void read_index(const std::filesystem::path& folder, const std::filesystem::path& index) {
+    const std::string source = index.string();
+    std::ifstream in(index);
+    DC_CHECK(in.is_open(), source, ": cannot open");
+    std::stringstream text;
+    text << in.rdbuf();
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(text.str());
+    } catch (const nlohmann::json::exception& e) {
+      DC_FAIL(source, ": not valid JSON: ", e.what());
+    }
+    DC_CHECK(j.is_object() && j.contains("weight_map") && j.at("weight_map").is_object(), source,
+             ": field 'weight_map' missing or not an object");
+    for (const auto& [tensor, shard_json] : j.at("weight_map").items()) {
+      DC_CHECK(shard_json.is_string(), source, ": weight_map entry for tensor '", tensor,
+               "' must be a string, got ", shard_json.dump());
+      const std::string shard = shard_json.get<std::string>();
+      // Shards must sit in the checkpoint folder itself: a name with a path separator or a dot
+      // directory could make a downloaded index read arbitrary files.
+      const bool plain_name = !shard.empty() && shard != "." && shard != ".." &&
+                              shard.find_first_of("/\\") == std::string::npos &&
+                              shard.find('\0') == std::string::npos;
+      DC_CHECK(plain_name, source, ": shard name '", shard, "' for tensor '", tensor,
+               "' must be a plain file name inside the folder");
+      if (!files_.count(shard)) {
+        const auto shard_path = folder / shard;
+        DC_CHECK(std::filesystem::is_regular_file(shard_path), source, ": shard '", shard,
+                 "' (for tensor '", tensor, "') does not exist in ", folder.string());
+        files_.emplace(shard, std::make_unique<SafetensorsFile>(shard_path));
+      }
+      weight_map_.emplace(tensor, shard);
+    }
+    DC_CHECK(!files_.empty(), source, ": weight_map is empty");
+  }
+
+  std::string searched_;
+  // Shard file name -> opened file (headers only). unique_ptr keeps addresses stable.
+  std::map<std::string, std::unique_ptr<SafetensorsFile>> files_;
+  std::map<std::string, std::string> weight_map_;  // tensor name -> shard file name
+};
+
+inline std::string shape_str(const std::vector<std::int64_t>& dims) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
+  return s + "]";
+}
+
+}  // namespace detail
+
+inline HfModel load_hf_model(const std::filesystem::path& folder) {
+  HfModel model;
+  model.config = load_hf_config(folder / "config.json");
+  const detail::HfWeightSource source(folder);
+
+  // Tied checkpoints keep only model.embed_tokens.weight; for_each_weight then never asks for
+  // lm_head.weight, so a redundant copy in the file is simply not read.
+  for_each_weight(model.config, model.weights,
+                  [&](const std::string& name, Tensor<float, cpu>& slot, Shape expected) {
+                    const SafetensorsFile* file = source.find(name);
+                    DC_CHECK(file != nullptr, "checkpoint ", folder.string(), ": tensor '", name,
+                             "' missing (searched ", source.searched(), ")");
+                    const auto& actual = file->info(name).shape;
+                    bool same = actual.size() == static_cast<std::size_t>(expected.rank);
+                    for (std::size_t i = 0; same && i < actual.size(); ++i)
+                      same = actual[i] == expected.dims[i];
+                    DC_CHECK(same, "checkpoint ", file->path().string(), ": tensor '", name,
+                             "' has shape ", detail::shape_str(actual), ", expected ", expected.str());
+                    slot = file->read_float(name);
+                  });
+  return model;
+}
+
+}  // namespace dc

@@ -1,0 +1,16 @@
+#pragma once
+// The shape parameters every attention kernel needs, passed by value to CPU and CUDA code.
+#include "../core/config.hpp"
+
+namespace dc {
+
+struct AttentionShape {
+  int num_heads = 0;     // query heads
+  int num_kv_heads = 0;  // key/value heads
+  int head_dim = 0;
+  int window = 0;        // sliding window in positions, 0 = unlimited
+  float scale = 0.0f;    // 1/sqrt(head_dim)
+  int capacity = 0;      // slots per KV head in the cache layout [kv_heads, capacity, head_dim]
+};
+
+}  // namespace dc

@@ -1,0 +1,43 @@
+#pragma once
+// Numerically stable softmax pieces shared by attention and the KL/Plackett-Luce code.
+//
+// OnlineSoftmax keeps a running max m and a running sum s = sum exp(x - m), so a row can be
+// consumed in one pass (or in tiles, merged with combine) without overflow.
+#include <cmath>
+
+#include "../core/config.hpp"
+
+namespace dc::math {
+
+struct OnlineSoftmax {
+  float max = -INFINITY;
+  float sum = 0.0f;
+
+  // Adds x; returns the factor by which earlier accumulated weights must be rescaled.
+  DC_HD float push(float x) {
+    if (x <= max) {
+      sum += expf(x - max);
+      return 1.0f;
+    }
+    const float rescale = (max == -INFINITY) ? 0.0f : expf(max - x);
+    sum = sum * rescale + 1.0f;
+    max = x;
+    return rescale;
+  }
+
+  // Merges another partial state (e.g. from another thread or tile).
+  DC_HD void combine(const OnlineSoftmax& o) {
+    if (o.max == -INFINITY) return;
+    if (max == -INFINITY) {
+      *this = o;
+      return;
+    }
+    const float m = fmaxf(max, o.max);
+    sum = sum * expf(max - m) + o.sum * expf(o.max - m);
+    max = m;
+  }
+
+  DC_HD float log_sum_exp() const { return max + logf(sum); }
+};
+
+}  // namespace dc::math

@@ -1,0 +1,166 @@
+#pragma once
+// Transformer<B, W>: a Llama/Mistral decoder forward pass on backend B with weight storage W.
+//
+// One code path serves chunked prefill and single-token decode: every call appends its tokens to
+// the KV cache and attends over the whole cache, masked by positions (causal + sliding window).
+// The body is written once; each op is an overload on Context<B> found by argument-dependent
+// lookup, so including cuda/ops.cuh before instantiating Transformer<cuda, ...> is all the CUDA
+// backend needs.
+//
+// RunState buffers, per chunk of C = max_chunk tokens (all on the backend):
+//   x, xn    [C, d]      residual stream, its normalised copy
+//   q, att   [C, heads*head_dim]
+//   k, v     [C, kv_heads*head_dim]
+//   gate, up [C, ff]
+//   logits   [C, vocab]
+//   tokens   [C] int32
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "../cache/kv_cache.hpp"
+#include "../core/copy.hpp"
+#include "../math/attention_shape.hpp"
+#include "config.hpp"
+#include "weights.hpp"
+
+namespace dc {
+
+enum class LogitsFor { last, all, none };
+
+template <Backend B, class W = float>
+class Transformer {
+ public:
+  Transformer(ModelConfig config, Weights<B, W> weights, int max_chunk = 64)
+      : cfg_(std::move(config)), w_(std::move(weights)), max_chunk_(max_chunk) {
+    cfg_.validate();
+    DC_CHECK(max_chunk > 0, "max_chunk must be positive, got ", max_chunk);
+    DC_CHECK(static_cast<int>(w_.layers.size()) == cfg_.num_layers, "weights have ",
+             w_.layers.size(), " layers, config says ", cfg_.num_layers);
+    const int c = max_chunk_;
+    x_ = Tensor<float, B>(Shape{c, cfg_.hidden_size});
+    xn_ = Tensor<float, B>(Shape{c, cfg_.hidden_size});
+    q_ = Tensor<float, B>(Shape{c, cfg_.q_dim()});
+    att_ = Tensor<float, B>(Shape{c, cfg_.q_dim()});
+    k_ = Tensor<float, B>(Shape{c, cfg_.kv_dim()});
+    v_ = Tensor<float, B>(Shape{c, cfg_.kv_dim()});
+    gate_ = Tensor<float, B>(Shape{c, cfg_.intermediate_size});
+    up_ = Tensor<float, B>(Shape{c, cfg_.intermediate_size});
+    logits_ = Tensor<float, B>(Shape{c, cfg_.vocab_size});
+    tokens_ = Tensor<std::int32_t, B>(Shape{c});
+  }
+
+  const ModelConfig& config() const { return cfg_; }
+  const Weights<B, W>& weights() const { return w_; }
+  Context<B>& context() { return ctx_; }
+  int max_chunk() const { return max_chunk_; }
+
+  KVCache<B> make_cache(int capacity) const { return KVCache<B>(cfg_, capacity); }
+
+  // Runs tokens through the model at the cache's next positions, appending their K/V.
+  // Writes host logits into out: [tokens.size(), vocab] for LogitsFor::all, [vocab] for last.
+  void forward(std::span<const std::int32_t> tokens, KVCache<B>& cache, std::span<float> out,
+               LogitsFor which = LogitsFor::last) {
+    const int n = static_cast<int>(tokens.size());
+    DC_CHECK(n > 0, "forward called with no tokens");
+    check_cache(cache);
+    DC_CHECK(cache.length() + n <= cache.capacity(), "KV cache full: ", cache.length(), " + ", n,
+             " tokens exceed capacity ", cache.capacity());
+    DC_CHECK(std::int64_t(cache.next_position()) + n <= cfg_.max_position, "context of ",
+             cache.next_position() + n, " tokens exceeds the model's max_position ",
+             cfg_.max_position);
+    for (int t = 0; t < n; ++t)
+      DC_CHECK(tokens[std::size_t(t)] >= 0 && tokens[std::size_t(t)] < cfg_.vocab_size,
+               "token id ", tokens[std::size_t(t)], " at index ", t, " outside vocabulary [0, ",
+               cfg_.vocab_size, ")");
+    const std::size_t need = which == LogitsFor::all    ? std::size_t(n) * cfg_.vocab_size
+                             : which == LogitsFor::last ? std::size_t(cfg_.vocab_size)
+                                                        : 0;
+    DC_CHECK(out.size() >= need, "logits buffer holds ", out.size(), " floats, need ", need);
+
+    for (int begin = 0; begin < n; begin += max_chunk_) {
+      const int len = std::min(max_chunk_, n - begin);
+      const bool last_chunk = begin + len == n;
+      const LogitsFor chunk_logits = which == LogitsFor::all ? LogitsFor::all
+                                     : (which == LogitsFor::last && last_chunk) ? LogitsFor::last
+                                                                                : LogitsFor::none;
+      float* dst = which == LogitsFor::all ? out.data() + std::size_t(begin) * cfg_.vocab_size
+                                           : out.data();
+      forward_chunk(tokens.subspan(std::size_t(begin), std::size_t(len)), cache, dst, chunk_logits);
+    }
+  }
+
+  // Convenience: returns the host logits as a vector.
+  std::vector<float> forward(std::span<const std::int32_t> tokens, KVCache<B>& cache,
+                             LogitsFor which = LogitsFor::last) {
+    const std::size_t rows = which == LogitsFor::all ? tokens.size() : which == LogitsFor::last;
+    std::vector<float> out(rows * std::size_t(cfg_.vocab_size));
+    forward(tokens, cache, std::span<float>(out), which);
+    return out;
+  }
+
+ private:
+  void check_cache(const KVCache<B>& cache) const {
+    DC_CHECK(cache.num_layers() == cfg_.num_layers && cache.num_kv_heads() == cfg_.num_kv_heads &&
+                 cache.head_dim() == cfg_.head_dim,
+             "KV cache shape (", cache.num_layers(), " layers, ", cache.num_kv_heads(),
+             " kv heads, head_dim ", cache.head_dim(), ") does not match the model");
+  }
+
+  void forward_chunk(std::span<const std::int32_t> tokens, KVCache<B>& cache, float* out,
+                     LogitsFor which) {
+    const int n = static_cast<int>(tokens.size());
+    const int d = cfg_.hidden_size, ff = cfg_.intermediate_size, qd = cfg_.q_dim(),
+              kvd = cfg_.kv_dim();
+    copy_to_backend(ctx_, tokens_.data(), tokens.data(), tokens.size());
+    const int first = cache.append(ctx_, n);
+    const std::int32_t* query_pos = cache.positions() + first;
+    const AttentionShape shape{cfg_.num_heads,
+                               cfg_.num_kv_heads,
+                               cfg_.head_dim,
+                               cfg_.sliding_window,
+                               1.0f / std::sqrt(static_cast<float>(cfg_.head_dim)),
+                               cache.capacity()};
+
+    float *x = x_.data(), *xn = xn_.data(), *q = q_.data(), *k = k_.data(), *v = v_.data(),
+          *att = att_.data(), *gate = gate_.data(), *up = up_.data();
+    embedding(ctx_, x, tokens_.data(), n, w_.embed.data(), d);
+    for (int l = 0; l < cfg_.num_layers; ++l) {
+      const LayerWeights<B, W>& L = w_.layers[std::size_t(l)];
+      // Attention block: x += Wo * attention(rope(Wq xn), rope(Wk xn), Wv xn).
+      rmsnorm(ctx_, xn, x, L.attn_norm.data(), n, d, cfg_.rms_eps);
+      matmul(ctx_, q, xn, L.wq.data(), n, d, qd);
+      matmul(ctx_, k, xn, L.wk.data(), n, d, kvd);
+      matmul(ctx_, v, xn, L.wv.data(), n, d, kvd);
+      rope(ctx_, q, k, query_pos, n, cfg_.num_heads, cfg_.num_kv_heads, cfg_.head_dim,
+           cfg_.rope_theta);
+      kv_write(ctx_, cache.keys(l), cache.values(l), k, v, n, first, shape);
+      attention(ctx_, att, q, cache.keys(l), cache.values(l), cache.positions(), cache.length(),
+                query_pos, n, shape);
+      matmul(ctx_, x, att, L.wo.data(), n, qd, d, /*accumulate=*/true);
+      // Feed-forward block: x += W_down (silu(W_gate xn) * W_up xn).
+      rmsnorm(ctx_, xn, x, L.ffn_norm.data(), n, d, cfg_.rms_eps);
+      matmul(ctx_, gate, xn, L.w_gate.data(), n, d, ff);
+      matmul(ctx_, up, xn, L.w_up.data(), n, d, ff);
+      swiglu(ctx_, gate, up, std::int64_t(n) * ff);
+      matmul(ctx_, x, gate, L.w_down.data(), n, ff, d, /*accumulate=*/true);
+    }
+    if (which == LogitsFor::none) return;
+    const int rows = which == LogitsFor::all ? n : 1;
+    const float* last = x + std::int64_t(n - rows) * d;
+    rmsnorm(ctx_, xn, last, w_.final_norm.data(), rows, d, cfg_.rms_eps);
+    matmul(ctx_, logits_.data(), xn, w_.output_matrix().data(), rows, d, cfg_.vocab_size);
+    copy_to_host(ctx_, out, logits_.data(), std::size_t(rows) * cfg_.vocab_size);
+  }
+
+  ModelConfig cfg_;
+  Weights<B, W> w_;
+  int max_chunk_;
+  Context<B> ctx_;
+  Tensor<float, B> x_, xn_, q_, att_, k_, v_, gate_, up_, logits_;
+  Tensor<std::int32_t, B> tokens_;
+};
+
+}  // namespace dc

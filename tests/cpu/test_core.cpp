@@ -1,0 +1,94 @@
+// Core pieces: errors carry their location, buffers and tensors, presets and config validation,
+// KV-cache positions and byte accounting.
+#include <doctest/doctest.h>
+
+#include <string>
+
+#include <distillcache/distillcache.hpp>
+
+TEST_CASE("dc::Error names the failed check and its source location") {
+  try {
+    DC_CHECK(1 + 1 == 3, "arithmetic is broken: ", 42);
+    FAIL("DC_CHECK did not throw");
+  } catch (const dc::Error& e) {
+    const std::string what = e.what();
+    CHECK(what.find("arithmetic is broken: 42") != std::string::npos);
+    CHECK(what.find("test_core.cpp:") != std::string::npos);
+    CHECK(e.message() == "arithmetic is broken: 42");
+  }
+}
+
+TEST_CASE("cpu buffers are aligned, movable and zeroable; tensors carry shapes") {
+  dc::Buffer<float, dc::cpu> a(37);
+  CHECK(reinterpret_cast<std::uintptr_t>(a.data()) % 64 == 0);
+  CHECK(a.bytes() == 37 * sizeof(float));
+  a.fill_zero();
+  a[36] = 2.0f;
+  dc::Buffer<float, dc::cpu> b = std::move(a);
+  CHECK(a.empty());
+  CHECK(b[36] == 2.0f);
+  CHECK(b[0] == 0.0f);
+
+  dc::Tensor<float, dc::cpu> t(dc::Shape{2, 3, 4});
+  CHECK(t.numel() == 24);
+  CHECK(t.shape().str() == "[2, 3, 4]");
+  auto v = t.view();
+  CHECK(v.row(1) == t.data() + 4);
+  CHECK_THROWS_AS(dc::Shape({1, 2, 3, 4, 5}), dc::Error);
+  CHECK_THROWS_AS(dc::Shape({-1}), dc::Error);
+}
+
+TEST_CASE("Mistral presets have the published shapes") {
+  const auto v1 = dc::ModelConfig::mistral_7b_v0_1();
+  CHECK(v1.sliding_window == 4096);
+  CHECK(v1.vocab_size == 32000);
+  CHECK(v1.rope_theta == 10000.0f);
+  CHECK(v1.num_kv_heads == 8);
+  CHECK(v1.head_dim == 128);
+  // 7.24B parameters, the published count for Mistral-7B.
+  CHECK(v1.num_parameters() == 7241732096);
+  const auto v3 = dc::ModelConfig::mistral_7b_v0_3();
+  CHECK(v3.vocab_size == 32768);
+  CHECK(v3.rope_theta == 1000000.0f);
+  CHECK(v3.sliding_window == 0);
+  v1.validate();
+  v3.validate();
+}
+
+TEST_CASE("config validation names the bad field") {
+  auto c = dc::ModelConfig::mistral_7b_v0_1();
+  c.num_kv_heads = 5;
+  CHECK_THROWS_WITH_AS(c.validate(), doctest::Contains("num_key_value_heads"), dc::Error);
+  c = dc::ModelConfig::mistral_7b_v0_1();
+  c.head_dim = 0;
+  CHECK_THROWS_WITH_AS(c.validate(), doctest::Contains("head_dim"), dc::Error);
+  c = dc::ModelConfig::mistral_7b_v0_1();
+  c.rms_eps = -1.0f;
+  CHECK_THROWS_WITH_AS(c.validate(), doctest::Contains("rms_norm_eps"), dc::Error);
+}
+
+TEST_CASE("KV cache hands out consecutive positions and accounts bytes exactly") {
+  dc::ModelConfig c;
+  c.vocab_size = 10;
+  c.hidden_size = 8;
+  c.intermediate_size = 8;
+  c.num_layers = 3;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 2;
+  c.max_position = 64;
+  dc::KVCache<dc::cpu> cache(c, 10);
+  dc::Context<dc::cpu> ctx;
+  CHECK(cache.bytes_used() == 0);
+  CHECK(cache.bytes_reserved() == 10 * (2 * 3 * 2 * 2 * sizeof(float) + sizeof(std::int32_t)));
+  CHECK(cache.append(ctx, 4) == 0);
+  CHECK(cache.append(ctx, 2) == 4);
+  CHECK(cache.length() == 6);
+  CHECK(cache.next_position() == 6);
+  CHECK(cache.positions()[5] == 5);
+  CHECK(cache.bytes_used() == 6 * (2 * 3 * 2 * 2 * sizeof(float) + sizeof(std::int32_t)));
+  CHECK_THROWS_WITH_AS(cache.append(ctx, 5), doctest::Contains("KV cache full"), dc::Error);
+  CHECK_THROWS_AS(dc::KVCache<dc::cpu>(c, 0), dc::Error);
+  cache.clear();
+  CHECK(cache.length() == 0);
+}

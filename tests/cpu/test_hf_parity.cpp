@@ -1,0 +1,121 @@
+// The CPU transformer against Hugging Face transformers' logits (tests/fixtures/*/oracle.*,
+// made by tools/make_fixtures.py from the same checkpoints). Tolerance: max abs error 1e-4.
+// Three ways through the same sequence must all agree with the one HF full-sequence forward:
+// (a) one prefill, (b) token-by-token decode, (c) chunked prefill then decode.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <span>
+
+#include <distillcache/distillcache.hpp>
+#include <distillcache/io/hf_checkpoint.hpp>
+#include <distillcache/io/safetensors.hpp>
+
+namespace {
+
+constexpr float kTolerance = 1e-4f;
+
+struct Oracle {
+  std::vector<std::int32_t> tokens;
+  dc::Tensor<float, dc::cpu> logits;  // [seq, vocab]
+};
+
+Oracle load_oracle(const std::string& folder) {
+  dc::SafetensorsFile f(folder + "/oracle.safetensors");
+  return {f.read_i32("tokens"), f.read_float("logits")};
+}
+
+// Max abs error of rows [first, first + rows) of got (host, [rows, vocab]) against the oracle.
+float row_error(const Oracle& o, int first, const std::vector<float>& got) {
+  const std::int64_t vocab = o.logits.dim(1);
+  const std::int64_t rows = std::int64_t(got.size()) / vocab;
+  float worst = 0.0f;
+  for (std::int64_t i = 0; i < rows * vocab; ++i)
+    worst = std::fmax(worst, std::fabs(got[std::size_t(i)] - o.logits.data()[first * vocab + i]));
+  return worst;
+}
+
+void check_model(const std::string& name) {
+  const std::string folder = std::string(DC_FIXTURE_DIR) + "/" + name;
+  const Oracle o = load_oracle(folder);
+  const int seq = int(o.tokens.size());
+  const std::span<const std::int32_t> tokens(o.tokens);
+
+  auto make = [&](int max_chunk) {
+    dc::HfModel m = dc::load_hf_model(folder);
+    return dc::Transformer<dc::cpu>(m.config, std::move(m.weights), max_chunk);
+  };
+
+  SUBCASE("(a) one full prefill") {
+    auto model = make(64);
+    auto cache = model.make_cache(seq);
+    const float err = row_error(o, 0, model.forward(tokens, cache, dc::LogitsFor::all));
+    MESSAGE(name << " full prefill: max abs error " << err);
+    CHECK(err < kTolerance);
+  }
+  SUBCASE("(b) token-by-token decode") {
+    auto model = make(1);
+    auto cache = model.make_cache(seq);
+    float worst = 0.0f;
+    for (int t = 0; t < seq; ++t)
+      worst = std::fmax(worst, row_error(o, t, model.forward(tokens.subspan(std::size_t(t), 1), cache)));
+    MESSAGE(name << " token-by-token decode: max abs error " << worst);
+    CHECK(worst < kTolerance);
+  }
+  SUBCASE("(c) chunked prefill of 16 tokens in chunks of 5, then decode") {
+    auto model = make(5);
+    auto cache = model.make_cache(seq);
+    const int prefill = 16;
+    float worst = row_error(o, 0, model.forward(tokens.first(prefill), cache, dc::LogitsFor::all));
+    for (int t = prefill; t < seq; ++t)
+      worst = std::fmax(worst, row_error(o, t, model.forward(tokens.subspan(std::size_t(t), 1), cache)));
+    MESSAGE(name << " chunked prefill + decode: max abs error " << worst);
+    CHECK(worst < kTolerance);
+    CHECK(cache.length() == seq);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("Mistral, full attention, fp32 weights, matches Hugging Face") { check_model("tiny_mistral"); }
+
+TEST_CASE("Mistral, sliding window 8 < sequence, sharded fp16 weights, matches Hugging Face") {
+  check_model("tiny_mistral_swa");
+}
+
+TEST_CASE("Llama, GQA group 4, tied embeddings, bf16 weights, matches Hugging Face") {
+  check_model("tiny_llama_tied");
+}
+
+TEST_CASE("the sliding window matters: disabling it changes the logits past the window") {
+  const std::string folder = std::string(DC_FIXTURE_DIR) + "/tiny_mistral_swa";
+  const Oracle o = load_oracle(folder);
+  dc::HfModel m = dc::load_hf_model(folder);
+  REQUIRE(m.config.sliding_window == 8);
+  m.config.sliding_window = 0;
+  dc::Transformer<dc::cpu> model(m.config, std::move(m.weights), 64);
+  auto cache = model.make_cache(int(o.tokens.size()));
+  auto logits = model.forward(o.tokens, cache, dc::LogitsFor::all);
+  const std::vector<float> early(logits.begin(), logits.begin() + 8 * 256);
+  CHECK(row_error(o, 0, early) < kTolerance);  // positions < window are unaffected
+  const std::vector<float> late(logits.begin() + 8 * 256, logits.end());
+  CHECK(row_error(o, 8, late) > 0.05f);
+}
+
+TEST_CASE("forward rejects bad tokens, a full cache and contexts past max_position") {
+  dc::HfModel m = dc::load_hf_model(std::string(DC_FIXTURE_DIR) + "/tiny_mistral");
+  dc::Transformer<dc::cpu> model(m.config, std::move(m.weights), 8);
+  auto cache = model.make_cache(4);
+  const std::vector<std::int32_t> bad{1, 256};
+  CHECK_THROWS_WITH_AS(model.forward(bad, cache), doctest::Contains("outside vocabulary"), dc::Error);
+  const std::vector<std::int32_t> negative{-1};
+  CHECK_THROWS_AS(model.forward(negative, cache), dc::Error);
+  CHECK_THROWS_WITH_AS(model.forward(std::vector<std::int32_t>{}, cache), doctest::Contains("no tokens"),
+                       dc::Error);
+  const std::vector<std::int32_t> five{1, 2, 3, 4, 5};
+  CHECK_THROWS_WITH_AS(model.forward(five, cache), doctest::Contains("KV cache full"), dc::Error);
+  CHECK_THROWS_WITH_AS(model.make_cache(100000), doctest::Contains("max_position"), dc::Error);
+  auto other = dc::KVCache<dc::cpu>(dc::ModelConfig::mistral_7b_v0_1(), 4);
+  CHECK_THROWS_WITH_AS(model.forward(five, other), doctest::Contains("does not match"), dc::Error);
+}

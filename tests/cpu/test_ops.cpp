@@ -1,0 +1,208 @@
+// Op-level tests of the CPU backend against oracles computed independently (PyTorch float64 in
+// tests/fixtures/ops, made by tools/make_fixtures.py) or against naive double-precision loops.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include <distillcache/distillcache.hpp>
+#include <distillcache/io/safetensors.hpp>
+
+namespace {
+
+const std::string kOps = std::string(DC_FIXTURE_DIR) + "/ops/ops.safetensors";
+
+float max_abs_diff(const float* a, const float* b, std::int64_t n) {
+  float m = 0.0f;
+  for (std::int64_t i = 0; i < n; ++i) m = std::fmax(m, std::fabs(a[i] - b[i]));
+  return m;
+}
+
+std::vector<float> random_vector(std::size_t n, unsigned seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = normal(rng);
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("rmsnorm matches the PyTorch float64 oracle") {
+  dc::SafetensorsFile f(kOps);
+  auto x = f.read_float("rmsnorm_x");
+  auto w = f.read_float("rmsnorm_w");
+  auto expect = f.read_float("rmsnorm_y");
+  const int n = int(x.dim(0)), d = int(x.dim(1));
+  std::vector<float> y(std::size_t(n) * d);
+  dc::rmsnorm(dc::Context<dc::cpu>{}, y.data(), x.data(), w.data(), n, d, 1e-5f);
+  CHECK(max_abs_diff(y.data(), expect.data(), expect.numel()) < 1e-5f);
+  // In place (y aliases x) gives the same result.
+  dc::rmsnorm(dc::Context<dc::cpu>{}, x.data(), x.data(), w.data(), n, d, 1e-5f);
+  CHECK(max_abs_diff(x.data(), expect.data(), expect.numel()) < 1e-5f);
+}
+
+TEST_CASE("RoPE: rotate-half op and interleaved math match the oracle, and are one permutation apart") {
+  dc::SafetensorsFile f(kOps);
+  const auto pos = f.read_i32("rope_pos");
+  auto x = f.read_float("rope_x");  // [tokens, heads, 16]
+  auto half = f.read_float("rope_half_y");
+  auto inter = f.read_float("rope_interleaved_y");
+  const int n = int(x.dim(0)), heads = int(x.dim(1)), hd = int(x.dim(2));
+  const float theta = 10000.0f;
+  // Positions reach 1000: the fp32 angle rounds like Hugging Face's, so allow fp32 trig error.
+  const float tol = 2e-4f;
+
+  SUBCASE("rotate-half through the CPU op (q and k rows)") {
+    std::vector<float> q(x.data(), x.data() + x.numel()), k = q;
+    dc::rope(dc::Context<dc::cpu>{}, q.data(), k.data(), pos.data(), n, heads, heads, hd, theta);
+    CHECK(max_abs_diff(q.data(), half.data(), half.numel()) < tol);
+    CHECK(max_abs_diff(k.data(), half.data(), half.numel()) < tol);
+  }
+  SUBCASE("interleaved through the shared math") {
+    std::vector<float> y(x.data(), x.data() + x.numel());
+    for (int t = 0; t < n; ++t)
+      for (int h = 0; h < heads; ++h)
+        for (int i = 0; i < hd / 2; ++i) {
+          const float a = dc::math::rope_angle(pos[std::size_t(t)], dc::math::rope_inv_freq(i, hd, theta));
+          float* v = y.data() + (std::size_t(t) * heads + h) * hd;
+          dc::math::rope_rotate(v[dc::math::rope_interleaved_first(i)],
+                                v[dc::math::rope_interleaved_second(i)], std::cos(a), std::sin(a));
+        }
+    CHECK(max_abs_diff(y.data(), inter.data(), inter.numel()) < tol);
+  }
+  SUBCASE("interleaved(x) == unpermute(rotate_half(permute(x)))") {
+    // Permuting each head with rope_unpermute_source turns the interleaved layout into the
+    // rotate-half one; this is what a GGUF loader relies on.
+    std::vector<float> permuted(std::size_t(x.numel()));
+    for (int r = 0; r < n * heads; ++r)
+      for (int e = 0; e < hd; ++e)
+        permuted[std::size_t(r) * hd + e] = x.data()[std::size_t(r) * hd + dc::math::rope_unpermute_source(e, hd)];
+    std::vector<float> k = permuted;
+    dc::rope(dc::Context<dc::cpu>{}, permuted.data(), k.data(), pos.data(), n, heads, heads, hd, theta);
+    for (int r = 0; r < n * heads; ++r)
+      for (int e = 0; e < hd; ++e) {
+        const float got = permuted[std::size_t(r) * hd + e];
+        const float want = inter.data()[std::size_t(r) * hd + dc::math::rope_unpermute_source(e, hd)];
+        CHECK(std::fabs(got - want) < tol);
+      }
+  }
+}
+
+TEST_CASE("softmax rows match the oracle, including +-50 logits") {
+  dc::SafetensorsFile f(kOps);
+  auto x = f.read_float("softmax_x");
+  auto expect = f.read_float("softmax_y");
+  std::vector<float> y(std::size_t(x.numel()));
+  dc::softmax_rows(dc::Context<dc::cpu>{}, y.data(), x.data(), int(x.dim(0)), int(x.dim(1)));
+  CHECK(max_abs_diff(y.data(), expect.data(), expect.numel()) < 1e-6f);
+}
+
+TEST_CASE("swiglu matches the oracle") {
+  dc::SafetensorsFile f(kOps);
+  auto gate = f.read_float("swiglu_gate");
+  auto up = f.read_float("swiglu_up");
+  auto expect = f.read_float("swiglu_y");
+  dc::swiglu(dc::Context<dc::cpu>{}, gate.data(), up.data(), gate.numel());
+  CHECK(max_abs_diff(gate.data(), expect.data(), expect.numel()) < 1e-5f);
+}
+
+TEST_CASE("GQA head mapping groups consecutive query heads") {
+  using dc::math::kv_head_of;
+  CHECK(kv_head_of(0, 9, 3) == 0);
+  CHECK(kv_head_of(2, 9, 3) == 0);
+  CHECK(kv_head_of(3, 9, 3) == 1);
+  CHECK(kv_head_of(8, 9, 3) == 2);
+  CHECK(kv_head_of(31, 32, 8) == 7);
+  CHECK(kv_head_of(5, 8, 8) == 5);  // MHA: identity
+  CHECK(kv_head_of(7, 8, 1) == 0);  // MQA: one head
+}
+
+TEST_CASE("matmul equals a double-precision reference for every tile shape") {
+  for (int n : {1, 2, 3, 4, 5, 13}) {
+    for (auto [in, out] : {std::pair{7, 3}, std::pair{64, 65}, std::pair{100, 130}, std::pair{9, 1}}) {
+      auto x = random_vector(std::size_t(n) * in, 1);
+      auto w = random_vector(std::size_t(out) * in, 2);
+      auto base = random_vector(std::size_t(n) * out, 3);
+      for (bool accumulate : {false, true}) {
+        std::vector<float> y = base;
+        dc::matmul(dc::Context<dc::cpu>{}, y.data(), x.data(), w.data(), n, in, out, accumulate);
+        float worst = 0.0f;
+        for (int i = 0; i < n; ++i)
+          for (int o = 0; o < out; ++o) {
+            double ref = accumulate ? base[std::size_t(i) * out + o] : 0.0;
+            for (int k = 0; k < in; ++k) ref += double(x[std::size_t(i) * in + k]) * w[std::size_t(o) * in + k];
+            worst = std::fmax(worst, float(std::fabs(ref - y[std::size_t(i) * out + o])));
+          }
+        INFO("n=" << n << " in=" << in << " out=" << out << " accumulate=" << accumulate);
+        CHECK(worst < 1e-4f);
+      }
+    }
+  }
+}
+
+TEST_CASE("attention equals an explicit masked softmax over a compacted cache") {
+  // 3 query heads per KV head, window 6, cache slots holding non-contiguous positions (as after
+  // eviction): the op must mask by position, not by slot.
+  const dc::AttentionShape s{6, 2, 8, 6, 1.0f / std::sqrt(8.0f), 16};
+  const std::vector<std::int32_t> key_pos{0, 1, 4, 5, 7, 9, 10, 11};
+  const int len = int(key_pos.size());
+  const std::vector<std::int32_t> query_pos{10, 11};
+  const int n = 2;
+  auto kc = random_vector(std::size_t(s.num_kv_heads) * s.capacity * s.head_dim, 4);
+  auto vc = random_vector(kc.size(), 5);
+  auto q = random_vector(std::size_t(n) * s.num_heads * s.head_dim, 6);
+  std::vector<float> out(q.size());
+  dc::attention(dc::Context<dc::cpu>{}, out.data(), q.data(), kc.data(), vc.data(), key_pos.data(),
+                len, query_pos.data(), n, s);
+  for (int t = 0; t < n; ++t)
+    for (int h = 0; h < s.num_heads; ++h) {
+      const int g = h / 3;
+      std::vector<double> p(std::size_t(len), 0.0);
+      double m = -1e300, z = 0.0;
+      for (int j = 0; j < len; ++j) {
+        const bool visible = key_pos[std::size_t(j)] <= query_pos[std::size_t(t)] &&
+                             query_pos[std::size_t(t)] - key_pos[std::size_t(j)] < 6;
+        if (!visible) continue;
+        double dot = 0.0;
+        for (int i = 0; i < s.head_dim; ++i)
+          dot += double(q[(std::size_t(t) * s.num_heads + h) * s.head_dim + i]) *
+                 kc[(std::size_t(g) * s.capacity + j) * s.head_dim + i];
+        p[std::size_t(j)] = dot * s.scale;
+        m = std::max(m, p[std::size_t(j)]);
+      }
+      for (int j = 0; j < len; ++j) {
+        const bool visible = key_pos[std::size_t(j)] <= query_pos[std::size_t(t)] &&
+                             query_pos[std::size_t(t)] - key_pos[std::size_t(j)] < 6;
+        p[std::size_t(j)] = visible ? std::exp(p[std::size_t(j)] - m) : 0.0;
+        z += p[std::size_t(j)];
+      }
+      for (int i = 0; i < s.head_dim; ++i) {
+        double ref = 0.0;
+        for (int j = 0; j < len; ++j)
+          ref += p[std::size_t(j)] / z * vc[(std::size_t(g) * s.capacity + j) * s.head_dim + i];
+        CHECK(std::fabs(ref - out[(std::size_t(t) * s.num_heads + h) * s.head_dim + i]) < 1e-5);
+      }
+    }
+}
+
+TEST_CASE("bf16 and f16 conversions round to nearest even and keep specials") {
+  CHECK(dc::to_float(dc::to_bf16(1.0f)) == 1.0f);
+  CHECK(dc::to_bf16(1.00390625f).bits == 0x3f80);   // exactly halfway, ties to even (down)
+  CHECK(dc::to_bf16(1.01171875f).bits == 0x3f82);   // halfway, ties to even (up)
+  CHECK(std::isnan(dc::to_float(dc::to_bf16(NAN))));
+  CHECK(dc::to_float(dc::to_bf16(INFINITY)) == INFINITY);
+  CHECK(dc::to_float(dc::to_f16(65504.0f)) == 65504.0f);
+  CHECK(dc::to_float(dc::to_f16(65520.0f)) == INFINITY);  // halfway past max rounds to Inf
+  CHECK(dc::to_float(dc::to_f16(5.9604644775390625e-08f)) == 5.9604644775390625e-08f);  // min subnormal
+  CHECK(dc::to_float(dc::to_f16(-2.0f)) == -2.0f);
+  CHECK(dc::to_f16(1.0f + 1.0f / 2048.0f).bits == 0x3c00);  // halfway, ties to even
+  CHECK(std::isnan(dc::to_float(dc::to_f16(NAN))));
+  // Every f16 value survives f16 -> f32 -> f16 unchanged (exhaustive over non-NaN patterns).
+  for (std::uint32_t b = 0; b < 0x10000u; ++b) {
+    const dc::f16 h{std::uint16_t(b)};
+    if ((b & 0x7c00u) == 0x7c00u && (b & 0x3ffu)) continue;  // NaN payloads
+    REQUIRE(dc::to_f16(dc::to_float(h)).bits == h.bits);
+  }
+}
