@@ -13,3 +13,7 @@
 #include "model/config.hpp"
 #include "model/transformer.hpp"
 #include "model/weights.hpp"
+#include "model/sampling.hpp"
+#include "io/safetensors.hpp"
+#include "io/hf_config.hpp"
+#include "io/hf_checkpoint.hpp"

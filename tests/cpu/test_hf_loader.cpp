@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <initializer_list>
 #include <map>
 #include <string>
@@ -193,7 +194,7 @@ TEST_CASE("hf loader: tiny_mistral (fp32, single file)") {
 
 TEST_CASE("hf loader: tiny_mistral_swa (fp16, sharded)") {
   const auto folder = kFixtures / "tiny_mistral_swa";
-  const dc::HfModel m = dc::load_hf_model(folder);
+  dc::HfModel m = dc::load_hf_model(folder);
   CHECK(m.config.sliding_window == 8);
   CHECK(m.config.rope_theta == 1e6f);
   CHECK(m.config.num_kv_heads == 2);
@@ -208,12 +209,13 @@ TEST_CASE("hf loader: tiny_mistral_swa (fp16, sharded)") {
   // element per tensor is also decoded from the raw bytes.
   const auto index = read_json(folder / "model.safetensors.index.json");
   std::map<std::string, const dc::Tensor<float, dc::cpu>*> loaded;
-  dc::HostWeights& w = const_cast<dc::HostWeights&>(m.weights);
-  dc::for_each_weight(m.config, w, [&](const std::string& name, dc::Tensor<float, dc::cpu>& t, dc::Shape) {
+  dc::for_each_weight(m.config, m.weights, [&](const std::string& name, dc::Tensor<float, dc::cpu>& t, dc::Shape) {
     loaded[name] = &t;
   });
   CHECK(index.at("weight_map").size() == loaded.size());
-  for (const auto& [name, shard] : index.at("weight_map").items()) {
+  for (const auto& item : index.at("weight_map").items()) {
+    const std::string& name = item.key();
+    const auto& shard = item.value();
     CAPTURE(name);
     REQUIRE(loaded.count(name));
     const auto& got = *loaded.at(name);
@@ -315,7 +317,8 @@ TEST_CASE("hf config: errors name the field") {
   fails_with([](auto& j) { j["rope_parameters"] = {{"rope_theta", "big"}}; },
              {"'rope_parameters.rope_theta' must be a number"});
   fails_with([](auto& j) { j.erase("head_dim"); j["hidden_size"] = 5; }, {"'head_dim'"});
-  fails_with([](auto& j) { j["num_attention_heads"] = 3; j["head_dim"] = 2; }, {"num_key_value_heads"});
+  fails_with([](auto& j) { j["num_attention_heads"] = 3; j["num_key_value_heads"] = 2; j["head_dim"] = 2; },
+             {"num_key_value_heads"});
   fails_with([](auto& j) { j["sliding_window"] = -1; }, {"sliding_window"});
   check_error([] { (void)dc::parse_hf_config(nlohmann::json::array(), "config.json"); }, {"JSON object"});
 }
@@ -390,7 +393,7 @@ TEST_CASE("hf loader: broken weights name the tensor and the file") {
 
   write_checkpoint(dir.path, config, tensors);
   fs::resize_file(dir / "model.safetensors", fs::file_size(dir / "model.safetensors") - 3);
-  // Tensors are sorted by name in the header; the last data bytes belong to the last written.
+  // Data is laid out in for_each_weight order, so the cut lands in the last tensor written.
   check_error([&] { (void)dc::load_hf_model(dir.path); },
               {"model.safetensors", "'" + tensors.back().name + "'", "past the end"});
 }

@@ -68,6 +68,15 @@ class KVCache {
     return first;
   }
 
+  // Drops slots [length, this->length()), e.g. to rewind a speculative or benchmark step. The
+  // next token continues right after the last kept position.
+  void truncate(int length) {
+    DC_CHECK(length >= 0 && length <= this->length(), "KV cache truncate to ", length,
+             " outside [0, ", this->length(), "]");
+    host_positions_.resize(static_cast<std::size_t>(length));
+    next_position_ = length ? host_positions_.back() + 1 : 0;
+  }
+
   void clear() {
     host_positions_.clear();
     next_position_ = 0;

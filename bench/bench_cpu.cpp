@@ -1,0 +1,85 @@
+// CPU benchmarks: one decode step at a given context, and a prefill chunk, for the tiny test
+// model and for one Mistral-7B-shaped layer (fp32, random weights).
+//
+//   build/bench/bench_cpu --benchmark_format=json --benchmark_out=bench/results/cpu.json
+#include <benchmark/benchmark.h>
+
+#include <memory>
+#include <vector>
+
+#include <distillcache/distillcache.hpp>
+
+#include "random_model.hpp"
+
+namespace {
+
+template <class MakeConfig>
+dc::Transformer<dc::cpu>& model_for(MakeConfig make, int max_chunk) {
+  // One model per (shape, chunk): building a 7B layer takes seconds, so reuse it across runs.
+  static std::vector<std::pair<int, std::unique_ptr<dc::Transformer<dc::cpu>>>> models;
+  for (auto& [chunk, m] : models)
+    if (chunk == max_chunk) return *m;
+  const dc::ModelConfig c = make();
+  models.emplace_back(max_chunk,
+                      std::make_unique<dc::Transformer<dc::cpu>>(c, dc_bench::random_weights(c), max_chunk));
+  return *models.back().second;
+}
+
+// Fills the cache with `context` tokens of random K/V without running the model: decode cost
+// depends on the cache length, not on how the cache was filled.
+void fill_cache(dc::KVCache<dc::cpu>& cache, int context) {
+  dc::Context<dc::cpu> ctx;
+  cache.append(ctx, context);
+  std::uint64_t s = 7;
+  for (int l = 0; l < cache.num_layers(); ++l) {
+    const std::size_t n = std::size_t(cache.num_kv_heads()) * cache.capacity() * cache.head_dim();
+    for (std::size_t i = 0; i < n; ++i) {
+      s = s * 6364136223846793005ull + 1442695040888963407ull;
+      cache.keys(l)[i] = float(s >> 40) * 0x1p-24f - 0.5f;
+      cache.values(l)[i] = float(s >> 41) * 0x1p-23f - 0.5f;
+    }
+  }
+}
+
+template <class MakeConfig>
+void decode_step(benchmark::State& state, MakeConfig make) {
+  const int context = int(state.range(0));
+  auto& model = model_for(make, 1);
+  auto cache = model.make_cache(context + 1);
+  fill_cache(cache, context);
+  std::vector<float> logits(std::size_t(model.config().vocab_size));
+  const std::int32_t token = 3;
+  for (auto _ : state) {
+    model.forward(std::span<const std::int32_t>(&token, 1), cache, std::span<float>(logits));
+    cache.truncate(context);
+  }
+  state.counters["tokens_per_s"] = benchmark::Counter(double(state.iterations()), benchmark::Counter::kIsRate);
+  state.counters["context"] = context;
+}
+
+template <class MakeConfig>
+void prefill_chunk(benchmark::State& state, MakeConfig make) {
+  const int chunk = int(state.range(0));
+  auto& model = model_for(make, chunk);
+  auto cache = model.make_cache(chunk);
+  std::vector<std::int32_t> tokens(static_cast<std::size_t>(chunk));
+  for (int i = 0; i < chunk; ++i) tokens[std::size_t(i)] = (i * 37) % model.config().vocab_size;
+  std::vector<float> logits(std::size_t(model.config().vocab_size));
+  for (auto _ : state) {
+    model.forward(tokens, cache, std::span<float>(logits));
+    cache.clear();
+  }
+  state.counters["tokens_per_s"] =
+      benchmark::Counter(double(state.iterations()) * chunk, benchmark::Counter::kIsRate);
+}
+
+}  // namespace
+
+BENCHMARK_CAPTURE(decode_step, tiny, dc_bench::tiny_config)->Arg(128)->Arg(1024)->Arg(8192);
+BENCHMARK_CAPTURE(prefill_chunk, tiny, dc_bench::tiny_config)->Arg(64)->Arg(512);
+BENCHMARK_CAPTURE(decode_step, mistral7b_layer, dc_bench::mistral7b_layer_config)
+    ->Arg(1024)->Arg(4096)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(prefill_chunk, mistral7b_layer, dc_bench::mistral7b_layer_config)
+    ->Arg(64)->Unit(benchmark::kMillisecond)->Iterations(2);
+
+BENCHMARK_MAIN();

@@ -1,0 +1,46 @@
+#pragma once
+// The generation loop shared by the CPU and CUDA builds of examples/generate: prefill the prompt,
+// then decode one token at a time, timing both phases.
+#include <chrono>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include <distillcache/model/sampling.hpp>
+#include <distillcache/model/transformer.hpp>
+
+namespace dc_examples {
+
+struct GenerationResult {
+  std::vector<std::int32_t> tokens;  // generated ids
+  double prefill_seconds = 0.0;
+  double decode_seconds = 0.0;
+  int prompt_tokens = 0;
+};
+
+template <dc::Backend B, class W>
+GenerationResult generate(dc::Transformer<B, W>& model, const std::vector<std::int32_t>& prompt,
+                          int max_new_tokens, const dc::SamplingOptions& sampling,
+                          std::uint64_t seed, int stop_token = -1) {
+  using clock = std::chrono::steady_clock;
+  GenerationResult r;
+  r.prompt_tokens = static_cast<int>(prompt.size());
+  auto cache = model.make_cache(static_cast<int>(prompt.size()) + max_new_tokens);
+  std::mt19937_64 rng(seed);
+
+  auto t0 = clock::now();
+  std::vector<float> logits = model.forward(prompt, cache);
+  r.prefill_seconds = std::chrono::duration<double>(clock::now() - t0).count();
+
+  t0 = clock::now();
+  for (int i = 0; i < max_new_tokens; ++i) {
+    const std::int32_t next = dc::sample_token(logits, sampling, rng);
+    r.tokens.push_back(next);
+    if (next == stop_token || i + 1 == max_new_tokens) break;
+    model.forward(std::span<const std::int32_t>(&next, 1), cache, std::span<float>(logits));
+  }
+  r.decode_seconds = std::chrono::duration<double>(clock::now() - t0).count();
+  return r;
+}
+
+}  // namespace dc_examples

@@ -1,0 +1,23 @@
+#pragma once
+// Prints a generation result with prefill and decode throughput.
+#include <cstdio>
+
+#include "generation.hpp"
+
+namespace dc_examples {
+
+inline void print_result(const GenerationResult& r, const char* device) {
+  std::printf("generated:");
+  for (auto t : r.tokens) std::printf(" %d", t);
+  std::printf("\n");
+  const double prefill_tps = r.prefill_seconds > 0 ? r.prompt_tokens / r.prefill_seconds : 0.0;
+  // The first new token comes from the prefill logits; each later one costs one decode step.
+  const auto steps = r.tokens.empty() ? 0 : r.tokens.size() - 1;
+  const double decode_tps = r.decode_seconds > 0 ? double(steps) / r.decode_seconds : 0.0;
+  std::printf("device %s: prefill %d tokens in %.3f s (%.1f tokens/s); decode %zu steps in %.3f s "
+              "(%.1f tokens/s)\n",
+              device, r.prompt_tokens, r.prefill_seconds, prefill_tps, steps, r.decode_seconds,
+              decode_tps);
+}
+
+}  // namespace dc_examples

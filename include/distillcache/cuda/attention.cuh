@@ -1,0 +1,401 @@
+#pragma once
+// CUDA KV-cache write and grouped-query attention (mirrors cpu/attention.hpp).
+//
+// Layout: K/V caches are [kv_heads, capacity, head_dim]; slots [0, len) are valid and slot j holds
+// the token at position key_pos[j]. Query t (at query_pos[t]) sees slot j iff
+// math::attends(query_pos[t], key_pos[j], window): masks follow positions, so one kernel serves
+// prefill, decode, sliding windows and compacted (evicted) caches, whose positions have gaps.
+//
+// Algorithm (why this one): a single pass with an online softmax over key tiles, split along the
+// keys when there are too few blocks to fill the GPU (flash-decoding), then a small combine
+// kernel. Shared memory holds one tile of K and V whatever len is, so len is bounded only by
+// memory (32k+ is routine), and K/V are read once per block instead of twice as a two-pass
+// scheme with global score scratch would. The block/warp mapping:
+//   - a block owns one KV head and ROWS "query rows" (query t, query head h of that KV head's
+//     group), one warp per row: the heads of a GQA group share every K/V tile a block loads
+//     (decode of Mistral-7B: the 4 heads of a group are the 4 warps of one block);
+//   - per tile of 32 keys, lane l scores key l (a dot product over head_dim against the warp's
+//     query in shared memory), the warp takes the tile max, rescales its running state, and
+//     then each lane accumulates its slice of head_dim over the 32 keys (probabilities are
+//     broadcast by shuffle);
+//   - a tile no row of the block can see (future keys during prefill, keys outside a sliding
+//     window) is skipped before its K/V are loaded, so windows cost only the keys they see.
+// head_dim is a compile-time constant (64, 128) or padded up to 64/128/256 with zeros (generic
+// fallback), so the inner loops are fully unrolled; DC_DISPATCH_HEAD_DIM picks the variant.
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "../math/attention_rules.hpp"
+#include "../math/attention_shape.hpp"
+#include "../math/softmax.hpp"
+#include "check.cuh"
+#include "common.cuh"
+#include "context.cuh"
+
+// Turns a runtime head_dim into compile-time HEAD_DIM_CAP (the shared-memory row width) and
+// PADDED (head_dim < HEAD_DIM_CAP: dims [head_dim, HEAD_DIM_CAP) are zero-filled).
+#define DC_DISPATCH_HEAD_DIM(head_dim, HEAD_DIM_CAP, PADDED, ...)                              \
+  [&] {                                                                                        \
+    if ((head_dim) == 64) {                                                                    \
+      constexpr int HEAD_DIM_CAP = 64;                                                         \
+      constexpr bool PADDED = false;                                                           \
+      return __VA_ARGS__();                                                                    \
+    } else if ((head_dim) == 128) {                                                            \
+      constexpr int HEAD_DIM_CAP = 128;                                                        \
+      constexpr bool PADDED = false;                                                           \
+      return __VA_ARGS__();                                                                    \
+    } else if ((head_dim) < 64) {                                                              \
+      constexpr int HEAD_DIM_CAP = 64;                                                         \
+      constexpr bool PADDED = true;                                                            \
+      return __VA_ARGS__();                                                                    \
+    } else if ((head_dim) < 128) {                                                             \
+      constexpr int HEAD_DIM_CAP = 128;                                                        \
+      constexpr bool PADDED = true;                                                            \
+      return __VA_ARGS__();                                                                    \
+    } else if ((head_dim) <= 256) {                                                            \
+      constexpr int HEAD_DIM_CAP = 256;                                                        \
+      constexpr bool PADDED = true;                                                            \
+      return __VA_ARGS__();                                                                    \
+    } else {                                                                                   \
+      DC_FAIL("CUDA attention supports head_dim up to 256, got ", (head_dim));                 \
+    }                                                                                          \
+  }()
+
+namespace dc {
+namespace cuda_detail {
+
+inline constexpr int kAttnTileKeys = kWarpSize;  // one key per lane in the score phase
+inline constexpr int kAttnMinKeysPerSplit = 256;  // below this a split's fixed cost dominates
+
+struct AttentionParams {
+  float* out;                      // [n, heads*head_dim]
+  const float* q;                  // [n, heads*head_dim]
+  const float* k_cache;            // [kv_heads, capacity, head_dim]
+  const float* v_cache;            // [kv_heads, capacity, head_dim]
+  const std::int32_t* key_pos;     // [len]
+  const std::int32_t* query_pos;   // [n]
+  float* part_o;                   // [splits, n*heads, head_dim] unnormalised partial outputs
+  float2* part_ml;                 // [splits, n*heads] (running max, running sum)
+  int len, n, num_heads, group, head_dim, window, capacity;
+  float scale;
+  int rows;            // n * group query rows per KV head
+  int keys_per_split;  // multiple of kAttnTileKeys
+  int num_splits;
+};
+
+// Per-lane slice of a head: VEC-wide chunks at dims c*32*VEC + lane*VEC, so a warp reading one
+// smem row touches consecutive 16-byte words (no bank conflicts).
+template <int HEAD_DIM_CAP>
+struct LaneSlice {
+  static constexpr int kDims = HEAD_DIM_CAP / kWarpSize;  // dims per lane
+  static constexpr int kVec = kDims < 4 ? kDims : 4;
+  static constexpr int kChunks = kDims / kVec;
+  static __device__ __forceinline__ int dim(int lane, int chunk, int i) {
+    return chunk * kWarpSize * kVec + lane * kVec + i;
+  }
+};
+
+template <int VEC>
+__device__ __forceinline__ void load_smem(const float* p, float (&v)[VEC]) {
+  if constexpr (VEC == 4) {
+    const float4 f = *reinterpret_cast<const float4*>(p);
+    v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
+  } else {
+    static_assert(VEC == 2, "lane slices are 2 or 4 wide");
+    const float2 f = *reinterpret_cast<const float2*>(p);
+    v[0] = f.x, v[1] = f.y;
+  }
+}
+
+template <int HEAD_DIM_CAP, int ROWS>
+constexpr std::size_t attention_smem_bytes() {
+  // K and V tiles with rows padded by 4 floats (keeps float4 alignment, and lane l's row starts
+  // 4 banks after lane l-1's, so the score phase's float4 reads are conflict-free), plus the
+  // block's queries.
+  return (std::size_t(2) * kAttnTileKeys * (HEAD_DIM_CAP + 4) + std::size_t(ROWS) * HEAD_DIM_CAP) *
+         sizeof(float);
+}
+
+template <int HEAD_DIM_CAP, bool PADDED, int ROWS>
+__global__ void __launch_bounds__(ROWS * kWarpSize) attention_kernel(const AttentionParams p) {
+  constexpr int kStride = HEAD_DIM_CAP + 4;
+  constexpr int kTile = kAttnTileKeys;
+  using Slice = LaneSlice<HEAD_DIM_CAP>;
+  extern __shared__ float4 smem_f4[];  // float4 for 16-byte alignment
+  float* ks = reinterpret_cast<float*>(smem_f4);  // [kTile][kStride]
+  float* vs = ks + kTile * kStride;               // [kTile][kStride]
+  float* qs = vs + kTile * kStride;               // [ROWS][HEAD_DIM_CAP]
+
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const int kvh = blockIdx.y, split = blockIdx.z;
+  const int hd = PADDED ? p.head_dim : HEAD_DIM_CAP;
+  // Query heads h with math::kv_head_of(h) == kvh are kvh*group .. kvh*group + group - 1.
+  const int row = blockIdx.x * ROWS + warp;
+  const bool active = row < p.rows;  // warp-uniform
+  const int t = active ? row / p.group : 0;
+  const int h = kvh * p.group + (active ? row % p.group : 0);
+  const std::int64_t qo_offset = (std::int64_t(t) * p.num_heads + h) * hd;
+
+  // Stage the warp's query (zero-padded to HEAD_DIM_CAP).
+  for (int i = lane; i < HEAD_DIM_CAP; i += kWarpSize)
+    qs[warp * HEAD_DIM_CAP + i] = (active && i < hd) ? p.q[qo_offset + i] : 0.0f;
+  const int query_pos = active ? p.query_pos[t] : 0;
+
+  const std::int64_t head_offset = std::int64_t(kvh) * p.capacity * hd;
+  const float* kh = p.k_cache + head_offset;
+  const float* vh = p.v_cache + head_offset;
+  const int k_begin = split * p.keys_per_split;
+  const int k_end = min(p.len, k_begin + p.keys_per_split);
+
+  float m = -INFINITY;  // running max (warp-uniform)
+  float l = 0.0f;       // this lane's share of the running sum
+  float o[Slice::kChunks][Slice::kVec] = {};
+
+  for (int tile = k_begin; tile < k_end; tile += kTile) {
+    const int j = tile + lane;
+    const bool visible = active && j < k_end && math::attends(query_pos, p.key_pos[j], p.window);
+    // Also the barrier that lets the previous tile's readers finish before it is overwritten.
+    if (!__syncthreads_or(visible)) continue;
+
+    // Load the K/V tile; slots past k_end read as zero (never NaN garbage).
+    const int tile_keys = min(kTile, k_end - tile);
+    if constexpr (!PADDED) {
+      // Rows are contiguous (stride head_dim == HEAD_DIM_CAP): the tile is one float4 run.
+      constexpr int kRowVecs = HEAD_DIM_CAP / 4;
+      const float4* ksrc = reinterpret_cast<const float4*>(kh + std::int64_t(tile) * hd);
+      const float4* vsrc = reinterpret_cast<const float4*>(vh + std::int64_t(tile) * hd);
+      for (int e = threadIdx.x; e < kTile * kRowVecs; e += ROWS * kWarpSize) {
+        const int key = e / kRowVecs, c = e % kRowVecs;
+        const bool in = key < tile_keys;
+        const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        *reinterpret_cast<float4*>(ks + key * kStride + 4 * c) = in ? ksrc[e] : zero;
+        *reinterpret_cast<float4*>(vs + key * kStride + 4 * c) = in ? vsrc[e] : zero;
+      }
+    } else {
+      for (int e = threadIdx.x; e < kTile * HEAD_DIM_CAP; e += ROWS * kWarpSize) {
+        const int key = e / HEAD_DIM_CAP, i = e % HEAD_DIM_CAP;
+        const bool in = key < tile_keys && i < hd;
+        const std::int64_t src = std::int64_t(tile + key) * hd + i;
+        ks[key * kStride + i] = in ? kh[src] : 0.0f;
+        vs[key * kStride + i] = in ? vh[src] : 0.0f;
+      }
+    }
+    __syncthreads();
+
+    if (active) {
+      // Score phase: lane l scores key `tile + l`.
+      float s = -INFINITY;
+      if (visible) {
+        const float* qrow = qs + warp * HEAD_DIM_CAP;  // same address in all lanes: broadcast
+        const float* krow = ks + lane * kStride;
+        float dot = 0.0f;
+#pragma unroll
+        for (int i = 0; i < HEAD_DIM_CAP; i += 4) {
+          const float4 a = *reinterpret_cast<const float4*>(qrow + i);
+          const float4 b = *reinterpret_cast<const float4*>(krow + i);
+          dot += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+        }
+        s = dot * p.scale;
+      }
+      const float tile_max = warp_max(s);
+      if (tile_max != -INFINITY) {  // warp-uniform: some key of this tile is visible to the row
+        const float m_new = fmaxf(m, tile_max);
+        const float rescale = expf(m - m_new);  // 0 on the first visible tile (m = -inf)
+        const float prob = visible ? expf(s - m_new) : 0.0f;
+        l = l * rescale + prob;
+#pragma unroll
+        for (int c = 0; c < Slice::kChunks; ++c)
+#pragma unroll
+          for (int i = 0; i < Slice::kVec; ++i) o[c][i] *= rescale;
+        // Value phase: each lane owns a slice of head_dim and walks the tile's keys.
+#pragma unroll 8
+        for (int key = 0; key < kTile; ++key) {
+          const float pk = __shfl_sync(kFullMask, prob, key);
+          if (pk == 0.0f) continue;  // masked (warp-uniform), as the CPU loop skips it
+          const float* vrow = vs + key * kStride;
+#pragma unroll
+          for (int c = 0; c < Slice::kChunks; ++c) {
+            float v[Slice::kVec];
+            load_smem<Slice::kVec>(vrow + Slice::dim(lane, c, 0), v);
+#pragma unroll
+            for (int i = 0; i < Slice::kVec; ++i) o[c][i] = fmaf(pk, v[i], o[c][i]);
+          }
+        }
+        m = m_new;
+      }
+    }
+  }
+
+  if (!active) return;  // no barriers below
+  const float sum = warp_sum(l);
+  if (p.num_splits == 1) {
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;  // no visible key: zeros, as the CPU
+    float* dst = p.out + qo_offset;
+#pragma unroll
+    for (int c = 0; c < Slice::kChunks; ++c)
+#pragma unroll
+      for (int i = 0; i < Slice::kVec; ++i) {
+        const int d = Slice::dim(lane, c, i);
+        if (!PADDED || d < hd) dst[d] = o[c][i] * inv;
+      }
+  } else {
+    const std::int64_t part = std::int64_t(split) * p.n * p.num_heads + std::int64_t(t) * p.num_heads + h;
+    float* dst = p.part_o + part * hd;
+#pragma unroll
+    for (int c = 0; c < Slice::kChunks; ++c)
+#pragma unroll
+      for (int i = 0; i < Slice::kVec; ++i) {
+        const int d = Slice::dim(lane, c, i);
+        if (!PADDED || d < hd) dst[d] = o[c][i];
+      }
+    if (lane == 0) p.part_ml[part] = make_float2(m, sum);
+  }
+}
+
+// Merges the splits of one (query, head) row: one block per row, threads over head_dim.
+__global__ void attention_combine_kernel(float* DC_RESTRICT out, const float* DC_RESTRICT part_o,
+                                         const float2* DC_RESTRICT part_ml, int rows_total,
+                                         int head_dim, int num_splits) {
+  const int row = blockIdx.x;
+  math::OnlineSoftmax total;
+  for (int s = 0; s < num_splits; ++s) {
+    const float2 ml = part_ml[std::int64_t(s) * rows_total + row];
+    total.combine(math::OnlineSoftmax{ml.x, ml.y});
+  }
+  const float inv = total.sum > 0.0f ? 1.0f / total.sum : 0.0f;
+  for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+    float acc = 0.0f;
+    for (int s = 0; s < num_splits; ++s) {
+      const std::int64_t part = std::int64_t(s) * rows_total + row;
+      const float ms = part_ml[part].x;
+      if (ms != -INFINITY) acc += part_o[part * head_dim + d] * expf(ms - total.max);
+    }
+    out[std::int64_t(row) * head_dim + d] = acc * inv;
+  }
+}
+
+__global__ void kv_write_kernel(float* DC_RESTRICT k_cache, float* DC_RESTRICT v_cache,
+                                const float* DC_RESTRICT k, const float* DC_RESTRICT v,
+                                std::int64_t count, int first, int kv_heads, int head_dim,
+                                int capacity) {
+  const std::int64_t stride = std::int64_t(gridDim.x) * blockDim.x;
+  for (std::int64_t e = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < count; e += stride) {
+    // e indexes the source [n, kv_heads, head_dim]: reads are coalesced, writes contiguous per head.
+    const int i = int(e % head_dim);
+    const std::int64_t th = e / head_dim;
+    const int h = int(th % kv_heads);
+    const std::int64_t t = th / kv_heads;
+    const std::int64_t dst = (std::int64_t(h) * capacity + first + t) * head_dim + i;
+    k_cache[dst] = k[e];
+    v_cache[dst] = v[e];
+  }
+}
+
+template <int HEAD_DIM_CAP, bool PADDED, int ROWS>
+void launch_attention(const Context<cuda>& ctx, AttentionParams p, int kv_heads) {
+  const int row_blocks = int(ceil_div(p.rows, ROWS));
+  // Split the keys only when the (row block, KV head) grid cannot fill the GPU twice over.
+  const int base_blocks = row_blocks * kv_heads;
+  int splits = 1;
+  const int target = 2 * ctx.sm_count();
+  if (base_blocks < target) {
+    const int by_occupancy = int(ceil_div(target, base_blocks));
+    const int by_length = int(ceil_div(p.len, kAttnMinKeysPerSplit));
+    splits = by_occupancy < by_length ? by_occupancy : by_length;
+    if (splits < 1) splits = 1;
+  }
+  p.keys_per_split = int(ceil_div(ceil_div(p.len, splits), kAttnTileKeys) * kAttnTileKeys);
+  p.num_splits = int(ceil_div(p.len, p.keys_per_split));
+
+  const int rows_total = p.n * p.num_heads;
+  if (p.num_splits > 1) {
+    // Workspace: partial outputs, then (max, sum) pairs; 256-byte aligned base, float2 aligned.
+    const std::size_t o_floats = std::size_t(p.num_splits) * rows_total * p.head_dim;
+    const std::size_t o_floats_even = (o_floats + 1) / 2 * 2;
+    float* ws = ctx.workspace_as<float>(o_floats_even + 2 * std::size_t(p.num_splits) * rows_total);
+    p.part_o = ws;
+    p.part_ml = reinterpret_cast<float2*>(ws + o_floats_even);
+  }
+
+  constexpr std::size_t kSmem = attention_smem_bytes<HEAD_DIM_CAP, ROWS>();
+  auto kernel = attention_kernel<HEAD_DIM_CAP, PADDED, ROWS>;
+  if constexpr (kSmem > 48 * 1024)  // opt in to more than the default 48 KiB of dynamic smem
+    DC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
+  const dim3 grid(unsigned(row_blocks), unsigned(kv_heads), unsigned(p.num_splits));
+  kernel<<<grid, ROWS * kWarpSize, kSmem, ctx.stream()>>>(p);
+  DC_CUDA_CHECK_LAUNCH("attention_kernel");
+  if (p.num_splits > 1) {
+    const int threads = p.head_dim < 128 ? 64 : 128;
+    attention_combine_kernel<<<rows_total, threads, 0, ctx.stream()>>>(
+        p.out, p.part_o, p.part_ml, rows_total, p.head_dim, p.num_splits);
+    DC_CUDA_CHECK_LAUNCH("attention_combine_kernel");
+  }
+}
+
+}  // namespace cuda_detail
+
+// Writes the chunk's k/v rows [n, kv_heads*head_dim] into cache slots [first, first + n).
+inline void kv_write(const Context<cuda>& ctx, float* k_cache, float* v_cache, const float* k,
+                     const float* v, int n, int first, const AttentionShape& s) {
+  if (n <= 0) return;
+  DC_CHECK(first >= 0 && first + n <= s.capacity, "kv_write of slots [", first, ", ", first + n,
+           ") outside capacity ", s.capacity);
+  const std::int64_t count = std::int64_t(n) * s.num_kv_heads * s.head_dim;
+  constexpr int kThreads = 256;
+  cuda_detail::kv_write_kernel<<<cuda_detail::grid_for(count, kThreads, 8 * ctx.sm_count()),
+                                 kThreads, 0, ctx.stream()>>>(
+      k_cache, v_cache, k, v, count, first, s.num_kv_heads, s.head_dim, s.capacity);
+  DC_CUDA_CHECK_LAUNCH("kv_write_kernel");
+}
+
+// out[n, heads*head_dim] = softmax(q K^T * scale + mask) V, per query head. All pointers are
+// device pointers; key_pos has len entries, query_pos n.
+inline void attention(const Context<cuda>& ctx, float* out, const float* q, const float* k_cache,
+                      const float* v_cache, const std::int32_t* key_pos, int len,
+                      const std::int32_t* query_pos, int n, const AttentionShape& s) {
+  if (n <= 0) return;
+  DC_CHECK(s.num_heads > 0 && s.num_kv_heads > 0 && s.num_heads % s.num_kv_heads == 0,
+           "attention: ", s.num_heads, " query heads are not a multiple of ", s.num_kv_heads,
+           " KV heads");
+  DC_CHECK(len >= 0 && len <= s.capacity, "attention over ", len, " slots of a cache of capacity ",
+           s.capacity);
+  if (len == 0) {  // nothing to attend to: zeros, as the CPU loop
+    DC_CUDA_CHECK(cudaMemsetAsync(out, 0, std::size_t(n) * s.num_heads * s.head_dim * sizeof(float),
+                                  ctx.stream()));
+    return;
+  }
+  cuda_detail::AttentionParams p{};
+  p.out = out;
+  p.q = q;
+  p.k_cache = k_cache;
+  p.v_cache = v_cache;
+  p.key_pos = key_pos;
+  p.query_pos = query_pos;
+  p.len = len;
+  p.n = n;
+  p.num_heads = s.num_heads;
+  p.group = s.num_heads / s.num_kv_heads;
+  p.head_dim = s.head_dim;
+  p.window = s.window;
+  p.capacity = s.capacity;
+  p.scale = s.scale;
+  p.rows = n * p.group;
+  const bool few_rows = p.rows <= 4;  // decode with small groups: 4 warps, else 8 per block
+  // The exact-width variants load K/V tiles with float4; caches from Buffer<float, cuda> are
+  // 256-byte aligned, but a caller's offset pointer may not be, and then the scalar-load
+  // (padded) variant of the same width serves it.
+  const bool aligned = (reinterpret_cast<std::uintptr_t>(k_cache) |
+                        reinterpret_cast<std::uintptr_t>(v_cache)) % 16 == 0;
+  DC_DISPATCH_HEAD_DIM(s.head_dim, HEAD_DIM_CAP, PADDED, [&] {
+    constexpr bool kScalar = PADDED;
+    if (!kScalar && !aligned) {
+      if (few_rows) return cuda_detail::launch_attention<HEAD_DIM_CAP, true, 4>(ctx, p, s.num_kv_heads);
+      return cuda_detail::launch_attention<HEAD_DIM_CAP, true, 8>(ctx, p, s.num_kv_heads);
+    }
+    if (few_rows) return cuda_detail::launch_attention<HEAD_DIM_CAP, PADDED, 4>(ctx, p, s.num_kv_heads);
+    return cuda_detail::launch_attention<HEAD_DIM_CAP, PADDED, 8>(ctx, p, s.num_kv_heads);
+  });
+}
+
+}  // namespace dc

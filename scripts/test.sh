@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The test command (README, .ci/run): installs what is missing, then
+#  1. builds everything with warnings as errors, CUDA targets compiled by nvcc for sm_90 when
+#     nvcc is available, and runs the whole CTest suite (gpu tests skip without a GPU);
+#  2. rebuilds the CPU suite under AddressSanitizer + UndefinedBehaviorSanitizer and runs it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+
+jobs=$(nproc)
+cuda=OFF
+if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
+  cuda=ON
+else
+  echo "test: WARNING: nvcc not found, CUDA targets are not compiled in this run"
+fi
+
+echo "== build (Release, -Werror, CUDA=$cuda) =="
+cmake -S . -B build/ci -G Ninja -DCMAKE_BUILD_TYPE=Release -DDC_WERROR=ON -DDC_CUDA=$cuda \
+  -DCMAKE_CUDA_ARCHITECTURES=90
+cmake --build build/ci -j "$jobs"
+echo "== tests =="
+ctest --test-dir build/ci --output-on-failure -j "$jobs"
+
+echo "== build (ASan + UBSan, CPU suite) =="
+cmake -S . -B build/sanitize -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDC_WERROR=ON -DDC_CUDA=OFF \
+  -DDC_SANITIZE=address,undefined -DDC_BUILD_EXAMPLES=OFF -DDC_BUILD_BENCH=OFF
+cmake --build build/sanitize -j "$jobs"
+echo "== tests under sanitizers =="
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  ctest --test-dir build/sanitize --output-on-failure -j "$jobs" -L cpu
