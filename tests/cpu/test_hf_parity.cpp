@@ -119,3 +119,22 @@ TEST_CASE("forward rejects bad tokens, a full cache and contexts past max_positi
   auto other = dc::KVCache<dc::cpu>(dc::ModelConfig::mistral_7b_v0_1(), 4);
   CHECK_THROWS_WITH_AS(model.forward(five, other), doctest::Contains("does not match"), dc::Error);
 }
+
+#if defined(_OPENMP)
+#include <omp.h>
+TEST_CASE("logits are bitwise identical for 1 and 2 OpenMP threads") {
+  const std::string folder = std::string(DC_FIXTURE_DIR) + "/tiny_llama_tied";
+  const Oracle o = load_oracle(folder);
+  auto run = [&](int threads) {
+    const int saved = omp_get_max_threads();
+    omp_set_num_threads(threads);
+    dc::HfModel m = dc::load_hf_model(folder);
+    dc::Transformer<dc::cpu> model(m.config, std::move(m.weights), 7);
+    auto cache = model.make_cache(int(o.tokens.size()));
+    auto logits = model.forward(o.tokens, cache, dc::LogitsFor::all);
+    omp_set_num_threads(saved);
+    return logits;
+  };
+  CHECK(run(1) == run(2));
+}
+#endif

@@ -240,7 +240,8 @@ __global__ void __launch_bounds__(ROWS * kWarpSize) attention_kernel(const Atten
         if (!PADDED || d < hd) dst[d] = o[c][i] * inv;
       }
   } else {
-    const std::int64_t part = std::int64_t(split) * p.n * p.num_heads + std::int64_t(t) * p.num_heads + h;
+    const std::int64_t rows_total = std::int64_t(p.n) * p.num_heads;
+    const std::int64_t part = split * rows_total + std::int64_t(t) * p.num_heads + h;
     float* dst = p.part_o + part * hd;
 #pragma unroll
     for (int c = 0; c < Slice::kChunks; ++c)
@@ -280,8 +281,9 @@ __global__ void kv_write_kernel(float* DC_RESTRICT k_cache, float* DC_RESTRICT v
                                 std::int64_t count, int first, int kv_heads, int head_dim,
                                 int capacity) {
   const std::int64_t stride = std::int64_t(gridDim.x) * blockDim.x;
-  for (std::int64_t e = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < count; e += stride) {
-    // e indexes the source [n, kv_heads, head_dim]: reads are coalesced, writes contiguous per head.
+  const std::int64_t begin = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (std::int64_t e = begin; e < count; e += stride) {
+    // e indexes the source [n, kv_heads, head_dim]: coalesced reads, per-head contiguous writes.
     const int i = int(e % head_dim);
     const std::int64_t th = e / head_dim;
     const int h = int(th % kv_heads);
@@ -321,7 +323,8 @@ void launch_attention(const Context<cuda>& ctx, AttentionParams p, int kv_heads)
   constexpr std::size_t kSmem = attention_smem_bytes<HEAD_DIM_CAP, ROWS>();
   auto kernel = attention_kernel<HEAD_DIM_CAP, PADDED, ROWS>;
   if constexpr (kSmem > 48 * 1024)  // opt in to more than the default 48 KiB of dynamic smem
-    DC_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
+    DC_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
   const dim3 grid(unsigned(row_blocks), unsigned(kv_heads), unsigned(p.num_splits));
   kernel<<<grid, ROWS * kWarpSize, kSmem, ctx.stream()>>>(p);
   DC_CUDA_CHECK_LAUNCH("attention_kernel");
@@ -388,13 +391,14 @@ inline void attention(const Context<cuda>& ctx, float* out, const float* q, cons
   const bool aligned = (reinterpret_cast<std::uintptr_t>(k_cache) |
                         reinterpret_cast<std::uintptr_t>(v_cache)) % 16 == 0;
   DC_DISPATCH_HEAD_DIM(s.head_dim, HEAD_DIM_CAP, PADDED, [&] {
-    constexpr bool kScalar = PADDED;
-    if (!kScalar && !aligned) {
-      if (few_rows) return cuda_detail::launch_attention<HEAD_DIM_CAP, true, 4>(ctx, p, s.num_kv_heads);
-      return cuda_detail::launch_attention<HEAD_DIM_CAP, true, 8>(ctx, p, s.num_kv_heads);
+    using namespace cuda_detail;
+    const int kvh = s.num_kv_heads;
+    if (!PADDED && !aligned) {
+      if (few_rows) return launch_attention<HEAD_DIM_CAP, true, 4>(ctx, p, kvh);
+      return launch_attention<HEAD_DIM_CAP, true, 8>(ctx, p, kvh);
     }
-    if (few_rows) return cuda_detail::launch_attention<HEAD_DIM_CAP, PADDED, 4>(ctx, p, s.num_kv_heads);
-    return cuda_detail::launch_attention<HEAD_DIM_CAP, PADDED, 8>(ctx, p, s.num_kv_heads);
+    if (few_rows) return launch_attention<HEAD_DIM_CAP, PADDED, 4>(ctx, p, kvh);
+    return launch_attention<HEAD_DIM_CAP, PADDED, 8>(ctx, p, kvh);
   });
 }
 

@@ -16,7 +16,8 @@ constexpr std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b 
 // Butterfly reductions: every lane ends with the result, so no broadcast step is needed.
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
-  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(kFullMask, v, offset);
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2)
+    v += __shfl_xor_sync(kFullMask, v, offset);
   return v;
 }
 __device__ __forceinline__ float warp_max(float v) {

@@ -47,7 +47,8 @@ __device__ __forceinline__ void load_row(const float* DC_RESTRICT p, float (&v)[
     if constexpr (VEC == 8) {
       const float4 a = *reinterpret_cast<const float4*>(p);
       const float4 b = *reinterpret_cast<const float4*>(p + 4);
-      v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+      v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+      v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
     } else {
       v[0] = p[0];
     }
@@ -158,7 +159,8 @@ void matmul(const Context<cuda>& ctx, float* y, const float* x, const W* w, int 
       DC_CUDA_CHECK(cudaMemsetAsync(y, 0, std::size_t(n) * out * sizeof(float), ctx.stream()));
     return;
   }
-  if (n <= cuda_detail::kGemvMaxRows) return cuda_detail::gemv(ctx, y, x, w, n, in, out, accumulate);
+  if (n <= cuda_detail::kGemvMaxRows)
+    return cuda_detail::gemv(ctx, y, x, w, n, in, out, accumulate);
 
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   if constexpr (std::is_same_v<W, float>) {
