@@ -17,3 +17,7 @@
 #include "io/safetensors.hpp"
 #include "io/hf_config.hpp"
 #include "io/hf_checkpoint.hpp"
+#include "io/gguf.hpp"
+#include "io/gguf_model.hpp"
+#include "io/tokenizer.hpp"
+#include "io/tokenizer_gguf.hpp"

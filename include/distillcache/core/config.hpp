@@ -16,6 +16,15 @@
 // Restrict-qualified pointers help the CPU loops vectorise; nvcc and g++/clang share the spelling.
 #define DC_RESTRICT __restrict__
 
+// OpenMP work-sharing that compiles away (without unknown-pragma warnings) when the translation
+// unit is built without OpenMP: DC_OMP(parallel for schedule(static)).
+#define DC_PRAGMA(x) _Pragma(#x)
+#if defined(_OPENMP)
+#define DC_OMP(...) DC_PRAGMA(omp __VA_ARGS__)
+#else
+#define DC_OMP(...)
+#endif
+
 namespace dc {
 inline constexpr int kVersionMajor = 0;
 inline constexpr int kVersionMinor = 1;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "../core/backend.hpp"
+#include "../core/config.hpp"
 #include "../math/attention_rules.hpp"
 #include "../math/attention_shape.hpp"
 
@@ -35,7 +36,7 @@ inline void attention(const Context<cpu>&, float* out, const float* q, const flo
                       const float* v_cache, const std::int32_t* key_pos, int len,
                       const std::int32_t* query_pos, int n, const AttentionShape& s) {
   const int hd = s.head_dim;
-#pragma omp parallel for collapse(2) schedule(static)
+DC_OMP(parallel for collapse(2) schedule(static))
   for (int t = 0; t < n; ++t) {
     for (int h = 0; h < s.num_heads; ++h) {
       thread_local std::vector<float> scores;

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "../core/backend.hpp"
+#include "../core/config.hpp"
 #include "../core/dtype.hpp"
 #include "../math/activation.hpp"
 #include "../math/softmax.hpp"
@@ -22,7 +23,7 @@ void embedding(const Context<cpu>&, float* out, const std::int32_t* tokens, int 
 
 // gate[i] = silu(gate[i]) * up[i] for i < count.
 inline void swiglu(const Context<cpu>&, float* gate, const float* up, std::int64_t count) {
-#pragma omp parallel for schedule(static) if (count > 65536)
+DC_OMP(parallel for schedule(static) if (count > 65536))
   for (std::int64_t i = 0; i < count; ++i) gate[i] = math::swiglu(gate[i], up[i]);
 }
 

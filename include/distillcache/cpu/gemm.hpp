@@ -64,7 +64,7 @@ inline void matmul(const Context<cpu>&, float* y, const float* x, const float* w
                    int out, bool accumulate = false) {
   constexpr int kRows = 4, kCols = 2;
   const int tiles = (out + cpu_detail::kTileOut - 1) / cpu_detail::kTileOut;
-#pragma omp parallel for schedule(static)
+DC_OMP(parallel for schedule(static))
   for (int tile = 0; tile < tiles; ++tile) {
     const int o_begin = tile * cpu_detail::kTileOut;
     const int o_end = std::min(out, o_begin + cpu_detail::kTileOut);

@@ -3,13 +3,14 @@
 #include <cstdint>
 
 #include "../core/backend.hpp"
+#include "../core/config.hpp"
 #include "../math/rmsnorm.hpp"
 
 namespace dc {
 
 inline void rmsnorm(const Context<cpu>&, float* y, const float* x, const float* w, int n, int d,
                     float eps) {
-#pragma omp parallel for schedule(static) if (n > 1)
+DC_OMP(parallel for schedule(static) if (n > 1))
   for (int t = 0; t < n; ++t) {
     const float* xr = x + std::int64_t(t) * d;
     float* yr = y + std::int64_t(t) * d;

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "../core/backend.hpp"
+#include "../core/config.hpp"
 #include "../math/rope.hpp"
 
 namespace dc {
@@ -13,7 +14,7 @@ namespace dc {
 inline void rope(const Context<cpu>&, float* q, float* k, const std::int32_t* pos, int n,
                  int q_heads, int kv_heads, int head_dim, float theta) {
   const int pairs = head_dim / 2;
-#pragma omp parallel for schedule(static) if (n > 1)
+DC_OMP(parallel for schedule(static) if (n > 1))
   for (int t = 0; t < n; ++t) {
     // cos/sin depend only on (position, pair): compute once per token, reuse for every head.
     thread_local std::vector<float> cs;

@@ -1,0 +1,204 @@
+#pragma once
+// Llama/Mistral models from GGUF files (as written by llama.cpp's convert_hf_to_gguf.py, which
+// stores Mistral under the "llama" architecture): metadata -> dc::ModelConfig, tensors -> fp32
+// host weights.
+//
+// RoPE convention: llama.cpp rotates adjacent pairs (2i, 2i+1), so its converter permutes the
+// rows of every Q and K head of a Hugging Face checkpoint (LlamaModel.permute). Our forward pass
+// rotates halves (i, i + head_dim/2), like Hugging Face, so the loader undoes that permutation:
+// within each head, output row r takes stored row math::rope_unpermute_source(r, head_dim).
+// tests/cpu/test_gguf.cpp proves the direction end to end against Hugging Face logits.
+#include <climits>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <filesystem>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../core/error.hpp"
+#include "../math/rope.hpp"
+#include "../model/config.hpp"
+#include "../model/weights.hpp"
+#include "gguf.hpp"
+#include "hf_checkpoint.hpp"
+
+namespace dc {
+
+namespace detail {
+
+inline int gguf_int(const GgufFile& f, const std::string& key, int min_value) {
+  const std::int64_t v = f.get_int(key);
+  DC_CHECK(v >= min_value && v <= INT_MAX, f.where(), "metadata key '", key, "' = ", v,
+           " is out of range [", min_value, ", ", INT_MAX, "]");
+  return static_cast<int>(v);
+}
+
+inline float gguf_float32(const GgufFile& f, const std::string& key) {
+  const double v = f.get_float(key);
+  DC_CHECK(std::isfinite(v) && std::fabs(v) <= double(std::numeric_limits<float>::max()), f.where(),
+           "metadata key '", key, "' = ", v, " is out of float range");
+  return static_cast<float>(v);
+}
+
+// The llama.cpp name of a weight that for_each_weight names the Hugging Face way.
+inline std::string gguf_tensor_name(const std::string& hf) {
+  static const std::pair<const char*, const char*> kLayer[] = {
+      {"input_layernorm.weight", "attn_norm.weight"},
+      {"self_attn.q_proj.weight", "attn_q.weight"},
+      {"self_attn.k_proj.weight", "attn_k.weight"},
+      {"self_attn.v_proj.weight", "attn_v.weight"},
+      {"self_attn.o_proj.weight", "attn_output.weight"},
+      {"post_attention_layernorm.weight", "ffn_norm.weight"},
+      {"mlp.gate_proj.weight", "ffn_gate.weight"},
+      {"mlp.up_proj.weight", "ffn_up.weight"},
+      {"mlp.down_proj.weight", "ffn_down.weight"},
+  };
+  if (hf == "model.embed_tokens.weight") return "token_embd.weight";
+  if (hf == "model.norm.weight") return "output_norm.weight";
+  if (hf == "lm_head.weight") return "output.weight";
+  const std::string prefix = "model.layers.";
+  if (hf.rfind(prefix, 0) == 0) {
+    const std::size_t dot = hf.find('.', prefix.size());
+    const std::string layer = hf.substr(prefix.size(), dot - prefix.size());
+    const std::string rest = hf.substr(dot + 1);
+    for (const auto& [from, to] : kLayer)
+      if (rest == from) return "blk." + layer + "." + to;
+  }
+  DC_FAIL("no GGUF name for weight '", hf, "'");
+}
+
+// Undoes llama.cpp's per-head Q/K row permutation in place: rows [heads * head_dim, cols].
+inline void gguf_unpermute_rope_rows(Tensor<float, cpu>& w, int heads, int head_dim) {
+  const std::int64_t cols = w.dim(1);
+  DC_CHECK(w.dim(0) == std::int64_t(heads) * head_dim, "unpermute: ", w.dim(0), " rows, expected ",
+           heads, " x ", head_dim);
+  std::vector<float> head(std::size_t(head_dim) * std::size_t(cols));
+  const std::size_t row_bytes = std::size_t(cols) * sizeof(float);
+  for (int h = 0; h < heads; ++h) {
+    float* base = w.data() + std::int64_t(h) * head_dim * cols;
+    std::memcpy(head.data(), base, head.size() * sizeof(float));
+    for (int r = 0; r < head_dim; ++r)
+      std::memcpy(base + std::int64_t(r) * cols,
+                  head.data() + std::int64_t(math::rope_unpermute_source(r, head_dim)) * cols,
+                  row_bytes);
+  }
+}
+
+}  // namespace detail
+
+inline ModelConfig gguf_model_config(const GgufFile& f) {
+  const std::string arch = f.get_string("general.architecture");
+  DC_CHECK(arch == "llama" || arch == "mistral", f.where(), "architecture '", arch,
+           "' is not supported (only 'llama' and 'mistral')");
+  const std::string p = arch + ".";
+  using detail::gguf_int;
+
+  // Features the decoder does not implement are rejected rather than silently ignored.
+  if (f.has(p + "expert_count"))
+    DC_CHECK(f.get_int(p + "expert_count") == 0, f.where(), "metadata key '", p,
+             "expert_count' = ", f.get_int(p + "expert_count"),
+             ": mixture-of-experts models are not supported");
+  if (f.has(p + "rope.scaling.type")) {
+    const std::string type = f.get_string(p + "rope.scaling.type");
+    DC_CHECK(type == "none", f.where(), "metadata key '", p, "rope.scaling.type' = '", type,
+             "': RoPE scaling is not implemented");
+  }
+
+  ModelConfig c;
+  c.architecture = arch;
+  c.num_layers = gguf_int(f, p + "block_count", 1);
+  c.hidden_size = gguf_int(f, p + "embedding_length", 1);
+  c.intermediate_size = gguf_int(f, p + "feed_forward_length", 1);
+  c.num_heads = gguf_int(f, p + "attention.head_count", 1);
+  c.num_kv_heads = f.has(p + "attention.head_count_kv") ? gguf_int(f, p + "attention.head_count_kv", 1)
+                                                         : c.num_heads;
+  c.max_position = gguf_int(f, p + "context_length", 1);
+  c.rms_eps = detail::gguf_float32(f, p + "attention.layer_norm_rms_epsilon");
+  c.rope_theta = f.has(p + "rope.freq_base") ? detail::gguf_float32(f, p + "rope.freq_base") : 10000.0f;
+  c.sliding_window = f.has(p + "attention.sliding_window")
+                         ? gguf_int(f, p + "attention.sliding_window", 0)
+                         : 0;
+
+  // head_dim: attention.key_length when given, else embedding_length / head_count.
+  if (f.has(p + "attention.key_length")) {
+    c.head_dim = gguf_int(f, p + "attention.key_length", 1);
+    if (f.has(p + "attention.value_length"))
+      DC_CHECK(gguf_int(f, p + "attention.value_length", 1) == c.head_dim, f.where(),
+               "metadata keys '", p, "attention.key_length' and '", p,
+               "attention.value_length' differ; only equal key and value head sizes are supported");
+  } else {
+    DC_CHECK(c.hidden_size % c.num_heads == 0, f.where(), "metadata key '", p,
+             "embedding_length' (", c.hidden_size, ") is not a multiple of '", p,
+             "attention.head_count' (", c.num_heads, ")");
+    c.head_dim = c.hidden_size / c.num_heads;
+  }
+  if (f.has(p + "rope.dimension_count")) {
+    const int rope_dims = gguf_int(f, p + "rope.dimension_count", 1);
+    DC_CHECK(rope_dims == c.head_dim, f.where(), "metadata key '", p, "rope.dimension_count' = ",
+             rope_dims, " differs from head_dim ", c.head_dim,
+             "; partial rotary embeddings are not supported");
+  }
+
+  // Vocabulary: explicit key, else the tokenizer's token list, else token_embd's rows.
+  if (f.has(p + "vocab_size")) {
+    c.vocab_size = gguf_int(f, p + "vocab_size", 1);
+  } else if (f.has("tokenizer.ggml.tokens")) {
+    const GgufValue& tokens = f.get("tokenizer.ggml.tokens");
+    DC_CHECK(tokens.is_array(), f.where(), "metadata key 'tokenizer.ggml.tokens' is ",
+             tokens.type_description(), ", not an array");
+    DC_CHECK(tokens.size() <= std::size_t(INT_MAX), f.where(), "tokenizer.ggml.tokens too long");
+    c.vocab_size = static_cast<int>(tokens.size());
+  } else {
+    const GgufTensorInfo* embd = f.find_tensor("token_embd.weight");
+    DC_CHECK(embd != nullptr, f.where(), "no '", p,
+             "vocab_size', no tokenizer.ggml.tokens and no token_embd.weight: vocabulary size unknown");
+    DC_CHECK(embd->ne.size() == 2 && embd->ne[1] <= INT_MAX, f.where("token_embd.weight"),
+             "expected a matrix, got ne of rank ", embd->ne.size());
+    c.vocab_size = static_cast<int>(embd->ne[1]);
+  }
+  c.tie_embeddings = f.find_tensor("output.weight") == nullptr;
+
+  try {
+    c.validate();
+  } catch (const Error& e) {
+    DC_FAIL(f.where(), e.message());
+  }
+  return c;
+}
+
+// Loads an opened GGUF file's config and weights (dequantized to fp32, Q/K in rotate-half order).
+inline HfModel load_gguf_model(const GgufFile& f) {
+  HfModel model;
+  model.config = gguf_model_config(f);
+  const ModelConfig& c = model.config;
+
+  // Tensors that change the maths and that we would otherwise silently drop.
+  for (const auto& t : f.tensors()) {
+    DC_CHECK(t.name != "rope_freqs.weight", f.where(t.name),
+             "RoPE frequency factors (Llama 3.1 scaling) are not supported");
+    DC_CHECK(t.name.size() < 5 || t.name.compare(t.name.size() - 5, 5, ".bias") != 0,
+             f.where(t.name), "biases are not supported");
+  }
+
+  for_each_weight(c, model.weights, [&](const std::string& hf_name, Tensor<float, cpu>& slot, Shape expected) {
+    const std::string name = detail::gguf_tensor_name(hf_name);
+    const GgufTensorInfo* t = f.find_tensor(name);
+    DC_CHECK(t != nullptr, f.where(), "tensor '", name, "' (", hf_name, ") missing");
+    DC_CHECK(t->shape() == expected, f.where(name), "shape ", t->shape().str(), " (ne ",
+             detail::shape_str(t->ne), "), expected ", expected.str(), " for ", hf_name);
+    DC_CHECK(ggml_can_dequantize(t->type), f.where(name), "type ", t->type_name(),
+             " is not supported (supported: ", kGgmlDequantizableTypes, ")");
+    slot = f.read_tensor(*t);
+    const bool is_q = name.size() > 13 && name.compare(name.size() - 13, 13, "attn_q.weight") == 0;
+    const bool is_k = name.size() > 13 && name.compare(name.size() - 13, 13, "attn_k.weight") == 0;
+    if (is_q) detail::gguf_unpermute_rope_rows(slot, c.num_heads, c.head_dim);
+    if (is_k) detail::gguf_unpermute_rope_rows(slot, c.num_kv_heads, c.head_dim);
+  });
+  return model;
+}
+
+inline HfModel load_gguf_model(const std::filesystem::path& path) { return load_gguf_model(GgufFile(path)); }
+
+}  // namespace dc
