@@ -7,6 +7,9 @@
 #include <memory>
 #include <vector>
 
+#include <cstdlib>
+#include <filesystem>
+
 #include <distillcache/distillcache.hpp>
 
 #include "random_model.hpp"
@@ -74,6 +77,57 @@ void prefill_chunk(benchmark::State& state, MakeConfig make) {
 }
 
 }  // namespace
+
+// The real SmolLM2-135M (dequantized to fp32) from $DC_SMOLLM2_GGUF or the fetch cache.
+namespace {
+dc::Transformer<dc::cpu>& smollm2_model(int max_chunk) {
+  static std::vector<std::pair<int, std::unique_ptr<dc::Transformer<dc::cpu>>>> models;
+  for (auto& [chunk, m] : models)
+    if (chunk == max_chunk) return *m;
+  std::filesystem::path path;
+  if (const char* p = std::getenv("DC_SMOLLM2_GGUF"); p && *p) path = p;
+  else path = std::filesystem::path(std::getenv("HOME") ? std::getenv("HOME") : "/") /
+              ".cache/distillcache/SmolLM2-135M-Instruct.Q4_1.gguf";
+  dc::HfModel m = dc::load_gguf_model(path);
+  models.emplace_back(max_chunk, std::make_unique<dc::Transformer<dc::cpu>>(m.config, std::move(m.weights), max_chunk));
+  return *models.back().second;
+}
+
+void smollm2_decode(benchmark::State& state) {
+  const int context = int(state.range(0));
+  auto& model = smollm2_model(1);
+  auto cache = model.make_cache(context + 1);
+  fill_cache(cache, context);
+  std::vector<float> logits(std::size_t(model.config().vocab_size));
+  const std::int32_t token = 3;
+  for (auto _ : state) {
+    model.forward(std::span<const std::int32_t>(&token, 1), cache, std::span<float>(logits));
+    cache.truncate(context);
+  }
+  state.counters["tokens_per_s"] = benchmark::Counter(double(state.iterations()), benchmark::Counter::kIsRate);
+}
+
+// Prefill of a whole context in chunks of 64: tokens/s over the context.
+void smollm2_prefill(benchmark::State& state) {
+  const int context = int(state.range(0));
+  auto& model = smollm2_model(64);
+  auto cache = model.make_cache(context);
+  std::vector<std::int32_t> tokens(static_cast<std::size_t>(context));
+  for (int i = 0; i < context; ++i) tokens[std::size_t(i)] = 100 + (i * 7919) % 40000;
+  std::vector<float> logits(std::size_t(model.config().vocab_size));
+  for (auto _ : state) {
+    model.forward(tokens, cache, std::span<float>(logits));
+    cache.clear();
+  }
+  state.counters["tokens_per_s"] =
+      benchmark::Counter(double(state.iterations()) * context, benchmark::Counter::kIsRate);
+}
+
+}  // namespace
+
+BENCHMARK(smollm2_decode)->Arg(512)->Arg(2048)->Arg(8191)  // 8191 + the decoded token = max_position
+   ->Unit(benchmark::kMillisecond);
+BENCHMARK(smollm2_prefill)->Arg(512)->Arg(2048)->Arg(8192)->Unit(benchmark::kMillisecond)->Iterations(1);
 
 BENCHMARK_CAPTURE(decode_step, tiny, dc_bench::tiny_config)->Arg(128)->Arg(1024)->Arg(8192);
 BENCHMARK_CAPTURE(prefill_chunk, tiny, dc_bench::tiny_config)->Arg(64)->Arg(512);

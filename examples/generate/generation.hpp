@@ -6,6 +6,7 @@
 #include <random>
 #include <vector>
 
+#include <distillcache/io/tokenizer.hpp>
 #include <distillcache/model/sampling.hpp>
 #include <distillcache/model/transformer.hpp>
 
@@ -18,10 +19,13 @@ struct GenerationResult {
   int prompt_tokens = 0;
 };
 
+// Generation stops early at the tokenizer's end-of-sequence token, when there is one.
+inline int stop_token(const dc::Tokenizer* tokenizer) { return tokenizer ? tokenizer->eos() : -1; }
+
 template <dc::Backend B, class W>
 GenerationResult generate(dc::Transformer<B, W>& model, const std::vector<std::int32_t>& prompt,
                           int max_new_tokens, const dc::SamplingOptions& sampling,
-                          std::uint64_t seed, int stop_token = -1) {
+                          std::uint64_t seed, int stop = -1) {
   using clock = std::chrono::steady_clock;
   GenerationResult r;
   r.prompt_tokens = static_cast<int>(prompt.size());
@@ -36,7 +40,7 @@ GenerationResult generate(dc::Transformer<B, W>& model, const std::vector<std::i
   for (int i = 0; i < max_new_tokens; ++i) {
     const std::int32_t next = dc::sample_token(logits, sampling, rng);
     r.tokens.push_back(next);
-    if (next == stop_token || i + 1 == max_new_tokens) break;
+    if ((stop >= 0 && next == stop) || i + 1 == max_new_tokens) break;
     model.forward(std::span<const std::int32_t>(&next, 1), cache, std::span<float>(logits));
   }
   r.decode_seconds = std::chrono::duration<double>(clock::now() - t0).count();

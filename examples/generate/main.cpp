@@ -1,14 +1,15 @@
-// examples/generate: load a Hugging Face model folder and continue a prompt of token ids,
+// examples/generate: load a model (a GGUF file, or a Hugging Face folder) and continue a prompt,
 // greedily or by sampling, on the CPU or (when built with CUDA) the GPU.
 //
+//   generate --model SmolLM2-135M-Instruct.Q4_1.gguf --prompt "The capital of France is"
 //   generate --model tests/fixtures/tiny_mistral --tokens 1,2,3 --max-new-tokens 8
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <optional>
 #include <sstream>
 
 #include <distillcache/distillcache.hpp>
-#include <distillcache/io/hf_checkpoint.hpp>
 
 #include "generation.hpp"
 #include "options.hpp"
@@ -16,12 +17,13 @@
 
 namespace dc_examples {
 
-int run_cpu(dc::HfModel model, const GenerateOptions& opt) {
+int run_cpu(dc::HfModel model, const GenerateOptions& opt, const dc::Tokenizer* tokenizer) {
   DC_CHECK(opt.dtype == "f32", "the CPU backend computes in f32; --dtype ", opt.dtype,
            " is for --device cuda");
   dc::Transformer<dc::cpu> transformer(model.config, std::move(model.weights), opt.max_chunk);
-  const auto result = generate(transformer, opt.prompt, opt.max_new_tokens, opt.sampling, opt.seed);
-  print_result(result, "cpu");
+  const auto result = generate(transformer, opt.prompt, opt.max_new_tokens, opt.sampling, opt.seed,
+                               stop_token(tokenizer));
+  print_result(result, "cpu", tokenizer);
   return 0;
 }
 
@@ -45,16 +47,23 @@ std::vector<std::int32_t> parse_token_list(const std::string& text) {
   return ids;
 }
 
+bool is_gguf(const std::string& path) {
+  return path.size() > 5 && path.compare(path.size() - 5, 5, ".gguf") == 0;
+}
+
 }  // namespace dc_examples
 
 int main(int argc, char** argv) {
   using namespace dc_examples;
   CLI::App app{"Greedy or sampled generation with a Llama/Mistral model (distillcache)."};
   GenerateOptions opt;
-  std::string tokens;
-  app.add_option("--model", opt.model_dir, "Hugging Face model folder (config.json + *.safetensors)")
+  std::string tokens, prompt_text;
+  app.add_option("--model", opt.model_path,
+                 "a .gguf file, or a Hugging Face folder (config.json + *.safetensors)")
       ->required();
-  app.add_option("--tokens", tokens, "prompt as comma-separated token ids, e.g. 1,2,3")->required();
+  auto* prompt_opt = app.add_option("--prompt", prompt_text, "prompt text (GGUF models: uses its tokenizer)");
+  auto* tokens_opt = app.add_option("--tokens", tokens, "prompt as comma-separated token ids, e.g. 1,2,3");
+  prompt_opt->excludes(tokens_opt);
   app.add_option("--max-new-tokens", opt.max_new_tokens, "tokens to generate")
       ->check(CLI::Range(1, 1 << 20));
   app.add_option("--temperature", opt.sampling.temperature, "0 = greedy")
@@ -69,16 +78,34 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   try {
-    opt.prompt = parse_token_list(tokens);
-    dc::HfModel model = dc::load_hf_model(opt.model_dir);
+    DC_CHECK(!prompt_text.empty() || !tokens.empty(), "give a prompt: --prompt TEXT or --tokens IDS");
+    dc::HfModel model;
+    std::optional<dc::Tokenizer> tokenizer;
+    if (is_gguf(opt.model_path)) {
+      dc::GgufFile file(opt.model_path);
+      model = dc::load_gguf_model(file);
+      tokenizer.emplace(dc::tokenizer_data_from_gguf(file));
+    } else {
+      model = dc::load_hf_model(opt.model_path);
+    }
+    if (!prompt_text.empty()) {
+      DC_CHECK(tokenizer.has_value(), "--prompt needs a tokenizer: this model folder has none "
+                                      "(use a .gguf model, or --tokens)");
+      opt.prompt = tokenizer->encode(prompt_text, /*add_special=*/true);
+      DC_CHECK(!opt.prompt.empty(), "--prompt: the text encodes to no tokens");
+    } else {
+      opt.prompt = parse_token_list(tokens);
+    }
+    const dc::Tokenizer* tok = tokenizer ? &*tokenizer : nullptr;
+    if (tok) std::printf("%s", prompt_text.c_str());
     if (opt.device == "cuda") {
 #if defined(DC_WITH_CUDA)
-      return run_cuda(std::move(model), opt);
+      return run_cuda(std::move(model), opt, tok);
 #else
       DC_FAIL("this build of generate has no CUDA backend (configure with nvcc available)");
 #endif
     }
-    return run_cpu(std::move(model), opt);
+    return run_cpu(std::move(model), opt, tok);
   } catch (const dc::Error& e) {
     std::fprintf(stderr, "generate: error: %s\n", e.message().c_str());
     return 1;

@@ -5,13 +5,14 @@
 #include <vector>
 
 #include <distillcache/io/hf_checkpoint.hpp>
+#include <distillcache/io/tokenizer.hpp>
 #include <distillcache/model/sampling.hpp>
 
 namespace dc_examples {
 
 struct GenerateOptions {
-  std::string model_dir;
-  std::vector<std::int32_t> prompt;
+  std::string model_path;              // Hugging Face folder or .gguf file
+  std::vector<std::int32_t> prompt;    // token ids (from --tokens, or --prompt via the tokenizer)
   int max_new_tokens = 16;
   dc::SamplingOptions sampling;
   std::uint64_t seed = 0;
@@ -20,10 +21,11 @@ struct GenerateOptions {
   int max_chunk = 64;
 };
 
-// Each runs the generation and prints the result; returns the process exit status.
-int run_cpu(dc::HfModel model, const GenerateOptions& opt);
+// Each runs the generation and prints the result (as text when a tokenizer is given);
+// returns the process exit status.
+int run_cpu(dc::HfModel model, const GenerateOptions& opt, const dc::Tokenizer* tokenizer);
 #if defined(DC_WITH_CUDA)
-int run_cuda(dc::HfModel model, const GenerateOptions& opt);
+int run_cuda(dc::HfModel model, const GenerateOptions& opt, const dc::Tokenizer* tokenizer);
 #endif
 
 }  // namespace dc_examples
