@@ -16,16 +16,23 @@
 
 namespace {
 
-template <class MakeConfig>
+using MakeConfig = dc::ModelConfig (*)();
+
+// One model per (shape, chunk), built on first use: a 7B layer takes seconds to build, so it is
+// reused across the benchmark's runs.
 dc::Transformer<dc::cpu>& model_for(MakeConfig make, int max_chunk) {
-  // One model per (shape, chunk): building a 7B layer takes seconds, so reuse it across runs.
-  static std::vector<std::pair<int, std::unique_ptr<dc::Transformer<dc::cpu>>>> models;
-  for (auto& [chunk, m] : models)
-    if (chunk == max_chunk) return *m;
+  struct Entry {
+    MakeConfig make;
+    int max_chunk;
+    std::unique_ptr<dc::Transformer<dc::cpu>> model;
+  };
+  static std::vector<Entry> models;
+  for (auto& e : models)
+    if (e.make == make && e.max_chunk == max_chunk) return *e.model;
   const dc::ModelConfig c = make();
-  models.emplace_back(max_chunk,
-                      std::make_unique<dc::Transformer<dc::cpu>>(c, dc_bench::random_weights(c), max_chunk));
-  return *models.back().second;
+  models.push_back({make, max_chunk,
+                    std::make_unique<dc::Transformer<dc::cpu>>(c, dc_bench::random_weights(c), max_chunk)});
+  return *models.back().model;
 }
 
 // Fills the cache with `context` tokens of random K/V without running the model: decode cost
@@ -44,10 +51,9 @@ void fill_cache(dc::KVCache<dc::cpu>& cache, int context) {
   }
 }
 
-template <class MakeConfig>
-void decode_step(benchmark::State& state, MakeConfig make) {
+// One decode step at state.range(0) cached tokens, rewound after each iteration.
+void run_decode(benchmark::State& state, dc::Transformer<dc::cpu>& model) {
   const int context = int(state.range(0));
-  auto& model = model_for(make, 1);
   auto cache = model.make_cache(context + 1);
   fill_cache(cache, context);
   std::vector<float> logits(std::size_t(model.config().vocab_size));
@@ -60,7 +66,10 @@ void decode_step(benchmark::State& state, MakeConfig make) {
   state.counters["context"] = context;
 }
 
-template <class MakeConfig>
+void decode_step(benchmark::State& state, MakeConfig make) {
+  run_decode(state, model_for(make, 1));
+}
+
 void prefill_chunk(benchmark::State& state, MakeConfig make) {
   const int chunk = int(state.range(0));
   auto& model = model_for(make, chunk);
@@ -93,19 +102,7 @@ dc::Transformer<dc::cpu>& smollm2_model(int max_chunk) {
   return *models.back().second;
 }
 
-void smollm2_decode(benchmark::State& state) {
-  const int context = int(state.range(0));
-  auto& model = smollm2_model(1);
-  auto cache = model.make_cache(context + 1);
-  fill_cache(cache, context);
-  std::vector<float> logits(std::size_t(model.config().vocab_size));
-  const std::int32_t token = 3;
-  for (auto _ : state) {
-    model.forward(std::span<const std::int32_t>(&token, 1), cache, std::span<float>(logits));
-    cache.truncate(context);
-  }
-  state.counters["tokens_per_s"] = benchmark::Counter(double(state.iterations()), benchmark::Counter::kIsRate);
-}
+void smollm2_decode(benchmark::State& state) { run_decode(state, smollm2_model(1)); }
 
 // Prefill of a whole context in chunks of 64: tokens/s over the context.
 void smollm2_prefill(benchmark::State& state) {

@@ -25,33 +25,23 @@
 
 #include <distillcache/distillcache.cuh>
 
+#include "random_model.hpp"
+
 namespace {
 
 constexpr int kPrefillChunk = 64;
 constexpr int kDecodeIterations = 64;
 constexpr int kPrefillIterations = 8;
 
+// The same shapes as the CPU benchmarks (bench/random_model.hpp); the tiny one with a sliding
+// window so the CUDA mask path is exercised.
 dc::ModelConfig tiny_config() {
-  dc::ModelConfig c;
-  c.architecture = "mistral";
-  c.vocab_size = 256;
-  c.hidden_size = 64;
-  c.intermediate_size = 96;
-  c.num_layers = 2;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.head_dim = 16;
-  c.max_position = 8192;
+  dc::ModelConfig c = dc_bench::tiny_config();
   c.sliding_window = 8;
   return c;
 }
 
-dc::ModelConfig mistral_layer_config() {
-  dc::ModelConfig c = dc::ModelConfig::mistral_7b_v0_1();
-  c.num_layers = 1;
-  c.vocab_size = 1024;
-  return c;
-}
+dc::ModelConfig mistral_layer_config() { return dc_bench::mistral7b_layer_config(); }
 
 // Normal weights (matrices N(0, 1/in), embeddings N(0, 1), norms 1) from cuRAND's host generator.
 dc::HostWeights random_host_weights(const dc::ModelConfig& cfg, unsigned long long seed) {

@@ -20,6 +20,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../support/temp_dir.hpp"
 #include <distillcache/distillcache.hpp>
 #include <distillcache/io/gguf.hpp>
 #include <distillcache/io/gguf_dequant.hpp>
@@ -141,19 +142,7 @@ struct GgufBuilder {
   }
 };
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static std::atomic<int> counter{0};
-    const auto stamp = std::chrono::steady_clock::now().time_since_epoch().count();
-    path = fs::temp_directory_path() / ("dc_gguf_" + std::to_string(stamp) + "_" + std::to_string(counter++));
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
+using dc_test::TempDir;
 
 fs::path write_file(const TempDir& dir, const std::string& name, const Bytes& bytes) {
   const fs::path p = dir.path / name;

@@ -17,6 +17,7 @@
 #include <string_view>
 #include <vector>
 
+#include "../support/temp_dir.hpp"
 #include <distillcache/io/hf_checkpoint.hpp>
 
 namespace fs = std::filesystem;
@@ -25,21 +26,7 @@ namespace {
 
 const fs::path kFixtures = DC_FIXTURE_DIR;
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static std::atomic<int> counter{0};
-    const auto stamp = std::chrono::steady_clock::now().time_since_epoch().count();
-    path = fs::temp_directory_path() /
-           ("dc_hf_loader_" + std::to_string(stamp) + "_" + std::to_string(counter++));
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  fs::path operator/(const std::string& name) const { return path / name; }
-};
+using dc_test::TempDir;
 
 template <class Fn>
 void check_error(Fn&& fn, std::initializer_list<std::string_view> parts) {

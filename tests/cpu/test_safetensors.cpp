@@ -15,6 +15,7 @@
 #include <string_view>
 #include <vector>
 
+#include "../support/temp_dir.hpp"
 #include <distillcache/io/safetensors.hpp>
 
 namespace fs = std::filesystem;
@@ -23,22 +24,7 @@ namespace {
 
 using Bytes = std::vector<unsigned char>;
 
-// A fresh directory under the system temp dir, removed with everything in it.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static std::atomic<int> counter{0};
-    const auto stamp = std::chrono::steady_clock::now().time_since_epoch().count();
-    path = fs::temp_directory_path() /
-           ("dc_safetensors_" + std::to_string(stamp) + "_" + std::to_string(counter++));
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  fs::path operator/(const std::string& name) const { return path / name; }
-};
+using dc_test::TempDir;
 
 template <class T>
 Bytes to_bytes(const std::vector<T>& values) {  // host is little-endian, like the format
