@@ -79,14 +79,19 @@ TEST_CASE("KV cache hands out consecutive positions and accounts bytes exactly")
   c.max_position = 64;
   dc::KVCache<dc::cpu> cache(c, 10);
   dc::Context<dc::cpu> ctx;
+  // Per slot and layer: K and V rows (2 kv heads x 2 dims), a position, stat rows (6 + 4 heads).
+  const std::size_t per_slot_layer = 2 * 2 * 2 * sizeof(float) + sizeof(std::int32_t) + 10 * sizeof(float);
+  CHECK(cache.bytes_per_slot_layer() == per_slot_layer);
   CHECK(cache.bytes_used() == 0);
-  CHECK(cache.bytes_reserved() == 10 * (2 * 3 * 2 * 2 * sizeof(float) + sizeof(std::int32_t)));
-  CHECK(cache.append(ctx, 4) == 0);
-  CHECK(cache.append(ctx, 2) == 4);
+  CHECK(cache.bytes_reserved() == 3 * 10 * per_slot_layer);
+  cache.append(ctx, 4);
+  CHECK(cache.appended_at(0) == 0);
+  cache.append(ctx, 2);
+  CHECK(cache.appended_at(2) == 4);
   CHECK(cache.length() == 6);
   CHECK(cache.next_position() == 6);
-  CHECK(cache.positions()[5] == 5);
-  CHECK(cache.bytes_used() == 6 * (2 * 3 * 2 * 2 * sizeof(float) + sizeof(std::int32_t)));
+  CHECK(cache.positions(1)[5] == 5);
+  CHECK(cache.bytes_used() == 3 * 6 * per_slot_layer);
   CHECK_THROWS_WITH_AS(cache.append(ctx, 5), doctest::Contains("KV cache full"), dc::Error);
   CHECK_THROWS_AS(dc::KVCache<dc::cpu>(c, 0), dc::Error);
   cache.clear();

@@ -22,12 +22,27 @@
 //     window) is skipped before its K/V are loaded, so windows cost only the keys they see.
 // head_dim is a compile-time constant (64, 128) or padded up to 64/128/256 with zeros (generic
 // fallback), so the inner loops are fully unrolled; DC_DISPATCH_HEAD_DIM picks the variant.
+//
+// Statistics (AttentionStats, math/features.hpp), fused without a second pass over K or V:
+//   - an observed row (t >= first_observed) also keeps sum_j e^(s_j - m) (s_j - m) next to its
+//     running sum, rescaled like it when the max moves, and stores each visible key's raw scaled
+//     score s_j in workspace scores[observed, heads, len] (len floats per row: the only extra
+//     traffic of an observed decode step);
+//   - its final state (max m, 1/Z, entropy H = log Z - E_p[s - m]) goes to workspace row_state,
+//     from the main kernel (one split) or from the split combine;
+//   - attention_stats_kernel, one thread per slot j, turns the scores into the final
+//     p = e^(s_j - m) / Z and folds them into the slot's rows in the CPU's fixed order (observed
+//     query t, then head h), so the sums are deterministic and match cpu/attention.hpp to
+//     rounding. It reads only the score scratch, never K or V.
+// The score scratch is observed*heads*len floats (prefill chunk of 64 observed queries, 32 heads
+// and 32k keys: 256 MiB of workspace), as the CPU keeps the same probabilities.
 #include <cstdint>
 
 #include <cuda_runtime.h>
 
 #include "../math/attention_rules.hpp"
 #include "../math/attention_shape.hpp"
+#include "../math/features.hpp"
 #include "../math/softmax.hpp"
 #include "check.cuh"
 #include "common.cuh"
@@ -77,6 +92,11 @@ struct AttentionParams {
   const std::int32_t* query_pos;   // [n]
   float* part_o;                   // [splits, n*heads, head_dim] unnormalised partial outputs
   float2* part_ml;                 // [splits, n*heads] (running max, running sum)
+  // Statistics (null when off): observed rows are queries t >= first_observed.
+  float* obs_scores;               // [n - first_observed, heads, len] raw scaled scores
+  float4* obs_state;               // [n - first_observed, heads] (max, 1/Z, entropy, 0)
+  float* part_w;                   // [splits, n*heads] sum of e^(s - max) (s - max), split path
+  int first_observed;
   int len, n, num_heads, group, head_dim, window, capacity;
   float scale;
   int rows;            // n * group query rows per KV head
@@ -117,6 +137,15 @@ constexpr std::size_t attention_smem_bytes() {
          sizeof(float);
 }
 
+// Final softmax state of an observed row from its max, partition sum Z and weighted sum
+// sum e^(s - max) (s - max): (max, 1/Z, entropy in nats, 0). As the CPU, a row that sees no key
+// has entropy 0 (and no visible slot, so 1/Z is never used).
+__device__ __forceinline__ float4 row_state(float max, float sum, float weighted) {
+  if (!(sum > 0.0f)) return make_float4(-INFINITY, 0.0f, 0.0f, 0.0f);
+  const float inv = 1.0f / sum;
+  return make_float4(max, inv, math::softmax_entropy(logf(sum), weighted * inv), 0.0f);
+}
+
 template <int HEAD_DIM_CAP, bool PADDED, int ROWS>
 __global__ void __launch_bounds__(ROWS * kWarpSize) attention_kernel(const AttentionParams p) {
   constexpr int kStride = HEAD_DIM_CAP + 4;
@@ -136,6 +165,10 @@ __global__ void __launch_bounds__(ROWS * kWarpSize) attention_kernel(const Atten
   const int t = active ? row / p.group : 0;
   const int h = kvh * p.group + (active ? row % p.group : 0);
   const std::int64_t qo_offset = (std::int64_t(t) * p.num_heads + h) * hd;
+  // Observed rows keep statistics (warp-uniform).
+  const bool observed = active && p.obs_scores != nullptr && t >= p.first_observed;
+  const std::int64_t obs_row = std::int64_t(t - p.first_observed) * p.num_heads + h;
+  float* const obs_scores = observed ? p.obs_scores + obs_row * p.len : nullptr;
 
   // Stage the warp's query (zero-padded to HEAD_DIM_CAP).
   for (int i = lane; i < HEAD_DIM_CAP; i += kWarpSize)
@@ -150,6 +183,7 @@ __global__ void __launch_bounds__(ROWS * kWarpSize) attention_kernel(const Atten
 
   float m = -INFINITY;  // running max (warp-uniform)
   float l = 0.0f;       // this lane's share of the running sum
+  float w = 0.0f;       // this lane's share of sum e^(s - m) (s - m) (observed rows only)
   float o[Slice::kChunks][Slice::kVec] = {};
 
   for (int tile = k_begin; tile < k_end; tile += kTile) {
@@ -197,12 +231,20 @@ __global__ void __launch_bounds__(ROWS * kWarpSize) attention_kernel(const Atten
           dot += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
         }
         s = dot * p.scale;
+        if (observed) obs_scores[j] = s;  // coalesced: lane l writes key tile + l
       }
       const float tile_max = warp_max(s);
       if (tile_max != -INFINITY) {  // warp-uniform: some key of this tile is visible to the row
         const float m_new = fmaxf(m, tile_max);
         const float rescale = expf(m - m_new);  // 0 on the first visible tile (m = -inf)
         const float prob = visible ? expf(s - m_new) : 0.0f;
+        if (observed) {
+          // Each earlier term e^(s-m) (s-m) becomes e^(s-m') (s-m') =
+          // rescale * (e^(s-m) (s-m) + e^(s-m) (m-m')). With m = -inf there are no earlier terms
+          // (l = w = 0), and (m - m') would make 0 * inf.
+          w = m == -INFINITY ? 0.0f : rescale * (w + (m - m_new) * l);
+          if (visible) w = fmaf(prob, s - m_new, w);
+        }
         l = l * rescale + prob;
 #pragma unroll
         for (int c = 0; c < Slice::kChunks; ++c)
@@ -229,8 +271,10 @@ __global__ void __launch_bounds__(ROWS * kWarpSize) attention_kernel(const Atten
 
   if (!active) return;  // no barriers below
   const float sum = warp_sum(l);
+  const float weighted = observed ? warp_sum(w) : 0.0f;  // warp-uniform condition
   if (p.num_splits == 1) {
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;  // no visible key: zeros, as the CPU
+    if (observed && lane == 0) p.obs_state[obs_row] = row_state(m, sum, weighted);
     float* dst = p.out + qo_offset;
 #pragma unroll
     for (int c = 0; c < Slice::kChunks; ++c)
@@ -250,19 +294,37 @@ __global__ void __launch_bounds__(ROWS * kWarpSize) attention_kernel(const Atten
         const int d = Slice::dim(lane, c, i);
         if (!PADDED || d < hd) dst[d] = o[c][i];
       }
-    if (lane == 0) p.part_ml[part] = make_float2(m, sum);
+    if (lane == 0) {
+      p.part_ml[part] = make_float2(m, sum);
+      if (observed) p.part_w[part] = weighted;
+    }
   }
 }
 
 // Merges the splits of one (query, head) row: one block per row, threads over head_dim.
+// Observed rows (row >= first_observed_row, with part_w) also get their statistics state.
 __global__ void attention_combine_kernel(float* DC_RESTRICT out, const float* DC_RESTRICT part_o,
-                                         const float2* DC_RESTRICT part_ml, int rows_total,
-                                         int head_dim, int num_splits) {
+                                         const float2* DC_RESTRICT part_ml,
+                                         const float* DC_RESTRICT part_w,
+                                         float4* DC_RESTRICT obs_state, int first_observed_row,
+                                         int rows_total, int head_dim, int num_splits) {
   const int row = blockIdx.x;
   math::OnlineSoftmax total;
   for (int s = 0; s < num_splits; ++s) {
     const float2 ml = part_ml[std::int64_t(s) * rows_total + row];
     total.combine(math::OnlineSoftmax{ml.x, ml.y});
+  }
+  if (part_w && row >= first_observed_row && threadIdx.x == 0) {
+    // Each split's weighted sum is relative to its own max m_s; moved to the total max M:
+    // e^(m_s - M) (w_s + (m_s - M) l_s).
+    float weighted = 0.0f;
+    for (int s = 0; s < num_splits; ++s) {
+      const std::int64_t part = std::int64_t(s) * rows_total + row;
+      const float2 ml = part_ml[part];
+      if (ml.x == -INFINITY) continue;
+      weighted += expf(ml.x - total.max) * (part_w[part] + (ml.x - total.max) * ml.y);
+    }
+    obs_state[row - first_observed_row] = row_state(total.max, total.sum, weighted);
   }
   const float inv = total.sum > 0.0f ? 1.0f / total.sum : 0.0f;
   for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
@@ -294,8 +356,85 @@ __global__ void kv_write_kernel(float* DC_RESTRICT k_cache, float* DC_RESTRICT v
   }
 }
 
+// Statistics of the new slots: one warp per token t (block of kStatWarps warps). Zeroes every
+// row of slot first + t and records the mean over KV heads of the L2 norms of its k and v rows.
+// Reads the chunk's k/v (not the cache), so it needs no ordering with kv_write_kernel.
+inline constexpr int kStatWarps = 4;
+__global__ void __launch_bounds__(kStatWarps * kWarpSize)
+    kv_write_stats_kernel(float* DC_RESTRICT stats, const float* DC_RESTRICT k,
+                          const float* DC_RESTRICT v, int n, int first, int kv_heads, int head_dim,
+                          int capacity, int rows) {
+  const int t = blockIdx.x * kStatWarps + threadIdx.x / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize;
+  if (t >= n) return;  // warp-uniform
+  float key_norm = 0.0f, value_norm = 0.0f;
+  for (int h = 0; h < kv_heads; ++h) {
+    const std::int64_t src = (std::int64_t(t) * kv_heads + h) * head_dim;
+    float kk = 0.0f, vv = 0.0f;
+    for (int i = lane; i < head_dim; i += kWarpSize) {
+      kk = fmaf(k[src + i], k[src + i], kk);
+      vv = fmaf(v[src + i], v[src + i], vv);
+    }
+    key_norm += sqrtf(warp_sum(kk));  // every lane holds the sums
+    value_norm += sqrtf(warp_sum(vv));
+  }
+  const std::int64_t slot = std::int64_t(first) + t;
+  for (int r = lane; r < rows; r += kWarpSize) {
+    const float value = r == kStatKeyNorm     ? key_norm / float(kv_heads)
+                        : r == kStatValueNorm ? value_norm / float(kv_heads)
+                                              : 0.0f;
+    stats[std::int64_t(r) * capacity + slot] = value;
+  }
+}
+
+// Folds the observed rows' probabilities into the statistics block: one thread per slot j, so
+// no two threads touch the same address, and inside a thread the order is the CPU's (observed
+// query r, then head h), which makes the sums deterministic. Reads scores [observed, heads, len]
+// (coalesced across j) and row_state [observed, heads] (a broadcast), never K or V. A key the
+// query does not see contributes p = 0, as on the CPU; adding 0 is skipped.
+__global__ void attention_stats_kernel(float* DC_RESTRICT block, const float* DC_RESTRICT scores,
+                                       const float4* DC_RESTRICT state,
+                                       const std::int32_t* DC_RESTRICT key_pos,
+                                       const std::int32_t* DC_RESTRICT obs_query_pos, int observed,
+                                       int num_heads, int len, int capacity, int window) {
+  const int j = blockIdx.x * blockDim.x + threadIdx.x;
+  if (j >= len) return;
+  const std::int64_t cap = capacity;
+  const int key = key_pos[j];
+  float mass = 0.0f, entropy_mass = 0.0f, queries = 0.0f, last = 0.0f;
+  for (int r = 0; r < observed; ++r) {
+    if (!math::attends(obs_query_pos[r], key, window)) continue;  // p = 0 for every head
+    queries += 1.0f;
+    for (int h = 0; h < num_heads; ++h) {
+      const std::int64_t row = std::int64_t(r) * num_heads + h;
+      const float4 st = state[row];
+      const float p = expf(scores[row * len + j] - st.x) * st.y;
+      mass += p;
+      entropy_mass += p * st.z;
+      block[(kStatHeadMass + h) * cap + j] += p;
+      if (r == observed - 1) last += p;
+    }
+  }
+  block[kStatMass * cap + j] += mass;
+  block[kStatEntropyMass * cap + j] += entropy_mass;
+  block[kStatQueries * cap + j] += queries;
+  block[kStatLastMass * cap + j] = last;
+}
+
+// Carves one workspace request into 16-byte aligned float sections (a single workspace() call:
+// a second one could reallocate and drop the first's contents).
+struct WorkspaceCarver {
+  std::size_t floats = 0;
+  std::size_t take(std::size_t count) {
+    const std::size_t at = floats;
+    floats += (count + 3) / 4 * 4;
+    return at;
+  }
+};
+
 template <int HEAD_DIM_CAP, bool PADDED, int ROWS>
-void launch_attention(const Context<cuda>& ctx, AttentionParams p, int kv_heads) {
+void launch_attention(const Context<cuda>& ctx, AttentionParams p, int kv_heads,
+                      AttentionStats stats) {
   const int row_blocks = int(ceil_div(p.rows, ROWS));
   // Split the keys only when the (row block, KV head) grid cannot fill the GPU twice over.
   const int base_blocks = row_blocks * kv_heads;
@@ -310,14 +449,30 @@ void launch_attention(const Context<cuda>& ctx, AttentionParams p, int kv_heads)
   p.keys_per_split = int(ceil_div(ceil_div(p.len, splits), kAttnTileKeys) * kAttnTileKeys);
   p.num_splits = int(ceil_div(p.len, p.keys_per_split));
 
+  // Workspace, one request: statistics state and scores of the observed rows, then the split
+  // partials (outputs, (max, sum) pairs, weighted sums).
   const int rows_total = p.n * p.num_heads;
-  if (p.num_splits > 1) {
-    // Workspace: partial outputs, then (max, sum) pairs; 256-byte aligned base, float2 aligned.
-    const std::size_t o_floats = std::size_t(p.num_splits) * rows_total * p.head_dim;
-    const std::size_t o_floats_even = (o_floats + 1) / 2 * 2;
-    float* ws = ctx.workspace_as<float>(o_floats_even + 2 * std::size_t(p.num_splits) * rows_total);
-    p.part_o = ws;
-    p.part_ml = reinterpret_cast<float2*>(ws + o_floats_even);
+  const int observed = stats.block ? p.n - stats.first_observed : 0;  // first_observed in [0, n]
+  const std::size_t obs_rows = std::size_t(observed) * p.num_heads;
+  const std::size_t split_rows = p.num_splits > 1 ? std::size_t(p.num_splits) * rows_total : 0;
+  WorkspaceCarver carve;
+  const std::size_t at_state = carve.take(4 * obs_rows);
+  const std::size_t at_scores = carve.take(obs_rows * std::size_t(p.len));
+  const std::size_t at_o = carve.take(split_rows * std::size_t(p.head_dim));
+  const std::size_t at_ml = carve.take(2 * split_rows);
+  const std::size_t at_w = carve.take(observed ? split_rows : 0);
+  if (carve.floats) {
+    float* ws = ctx.workspace_as<float>(carve.floats);
+    if (observed) {
+      p.obs_state = reinterpret_cast<float4*>(ws + at_state);
+      p.obs_scores = ws + at_scores;
+      p.first_observed = stats.first_observed;
+      if (split_rows) p.part_w = ws + at_w;
+    }
+    if (split_rows) {
+      p.part_o = ws + at_o;
+      p.part_ml = reinterpret_cast<float2*>(ws + at_ml);
+    }
   }
 
   constexpr std::size_t kSmem = attention_smem_bytes<HEAD_DIM_CAP, ROWS>();
@@ -331,16 +486,27 @@ void launch_attention(const Context<cuda>& ctx, AttentionParams p, int kv_heads)
   if (p.num_splits > 1) {
     const int threads = p.head_dim < 128 ? 64 : 128;
     attention_combine_kernel<<<rows_total, threads, 0, ctx.stream()>>>(
-        p.out, p.part_o, p.part_ml, rows_total, p.head_dim, p.num_splits);
+        p.out, p.part_o, p.part_ml, p.part_w, p.obs_state, stats.first_observed * p.num_heads,
+        rows_total, p.head_dim, p.num_splits);
     DC_CUDA_CHECK_LAUNCH("attention_combine_kernel");
+  }
+  if (observed) {
+    constexpr int kThreads = 128;
+    attention_stats_kernel<<<unsigned(ceil_div(p.len, kThreads)), kThreads, 0, ctx.stream()>>>(
+        stats.block, p.obs_scores, p.obs_state, p.key_pos, p.query_pos + stats.first_observed,
+        observed, p.num_heads, p.len, p.capacity, p.window);
+    DC_CUDA_CHECK_LAUNCH("attention_stats_kernel");
   }
 }
 
 }  // namespace cuda_detail
 
-// Writes the chunk's k/v rows [n, kv_heads*head_dim] into cache slots [first, first + n).
+// Writes the chunk's k/v rows [n, kv_heads*head_dim] into cache slots [first, first + n) and,
+// with a statistics block (device, [stat_rows(num_heads), capacity]), resets the new slots'
+// accumulators and records their K/V norms, as the CPU overload.
 inline void kv_write(const Context<cuda>& ctx, float* k_cache, float* v_cache, const float* k,
-                     const float* v, int n, int first, const AttentionShape& s) {
+                     const float* v, int n, int first, const AttentionShape& s,
+                     float* stats = nullptr) {
   if (n <= 0) return;
   DC_CHECK(first >= 0 && first + n <= s.capacity, "kv_write of slots [", first, ", ", first + n,
            ") outside capacity ", s.capacity);
@@ -350,24 +516,36 @@ inline void kv_write(const Context<cuda>& ctx, float* k_cache, float* v_cache, c
                                  kThreads, 0, ctx.stream()>>>(
       k_cache, v_cache, k, v, count, first, s.num_kv_heads, s.head_dim, s.capacity);
   DC_CUDA_CHECK_LAUNCH("kv_write_kernel");
+  if (!stats) return;
+  using cuda_detail::kStatWarps;
+  cuda_detail::kv_write_stats_kernel<<<unsigned(cuda_detail::ceil_div(n, kStatWarps)),
+                                       kStatWarps * cuda_detail::kWarpSize, 0, ctx.stream()>>>(
+      stats, k, v, n, first, s.num_kv_heads, s.head_dim, s.capacity, stat_rows(s.num_heads));
+  DC_CUDA_CHECK_LAUNCH("kv_write_stats_kernel");
 }
 
-// out[n, heads*head_dim] = softmax(q K^T * scale + mask) V, per query head. All pointers are
-// device pointers; key_pos has len entries, query_pos n.
+// out[n, heads*head_dim] = softmax(q K^T * scale + mask) V, per query head; with stats.block
+// (device, [stat_rows(num_heads), capacity]) accumulates the statistics of the observed queries
+// t >= stats.first_observed, as the CPU overload. All pointers are device pointers; key_pos has
+// len entries, query_pos n.
 inline void attention(const Context<cuda>& ctx, float* out, const float* q, const float* k_cache,
                       const float* v_cache, const std::int32_t* key_pos, int len,
-                      const std::int32_t* query_pos, int n, const AttentionShape& s) {
+                      const std::int32_t* query_pos, int n, const AttentionShape& s,
+                      AttentionStats stats = {}) {
   if (n <= 0) return;
   DC_CHECK(s.num_heads > 0 && s.num_kv_heads > 0 && s.num_heads % s.num_kv_heads == 0,
            "attention: ", s.num_heads, " query heads are not a multiple of ", s.num_kv_heads,
            " KV heads");
   DC_CHECK(len >= 0 && len <= s.capacity, "attention over ", len, " slots of a cache of capacity ",
            s.capacity);
-  if (len == 0) {  // nothing to attend to: zeros, as the CPU loop
+  if (len == 0) {  // nothing to attend to: zeros, as the CPU loop (and no slot to fold into)
     DC_CUDA_CHECK(cudaMemsetAsync(out, 0, std::size_t(n) * s.num_heads * s.head_dim * sizeof(float),
                                   ctx.stream()));
     return;
   }
+  // Observed queries are t in [first_observed, n); none observed means no statistics work.
+  stats.first_observed = stats.first_observed < 0 ? 0 : stats.first_observed;
+  if (stats.first_observed >= n) stats.block = nullptr;
   cuda_detail::AttentionParams p{};
   p.out = out;
   p.q = q;
@@ -394,11 +572,11 @@ inline void attention(const Context<cuda>& ctx, float* out, const float* q, cons
     using namespace cuda_detail;
     const int kvh = s.num_kv_heads;
     if (!PADDED && !aligned) {
-      if (few_rows) return launch_attention<HEAD_DIM_CAP, true, 4>(ctx, p, kvh);
-      return launch_attention<HEAD_DIM_CAP, true, 8>(ctx, p, kvh);
+      if (few_rows) return launch_attention<HEAD_DIM_CAP, true, 4>(ctx, p, kvh, stats);
+      return launch_attention<HEAD_DIM_CAP, true, 8>(ctx, p, kvh, stats);
     }
-    if (few_rows) return launch_attention<HEAD_DIM_CAP, PADDED, 4>(ctx, p, kvh);
-    return launch_attention<HEAD_DIM_CAP, PADDED, 8>(ctx, p, kvh);
+    if (few_rows) return launch_attention<HEAD_DIM_CAP, PADDED, 4>(ctx, p, kvh, stats);
+    return launch_attention<HEAD_DIM_CAP, PADDED, 8>(ctx, p, kvh, stats);
   });
 }
 

@@ -7,5 +7,6 @@
 #include "copy.cuh"
 #include "elementwise.cuh"
 #include "gemm.cuh"
+#include "kv_compact.cuh"
 #include "norm.cuh"
 #include "rope.cuh"

@@ -162,6 +162,7 @@ inline ModelConfig gguf_model_config(const GgufFile& f) {
 
   try {
     c.validate();
+    detail::check_attention_dims(c);
   } catch (const Error& e) {
     DC_FAIL(f.where(), e.message());
   }
@@ -181,6 +182,13 @@ inline HfModel load_gguf_model(const GgufFile& f) {
     DC_CHECK(t.name.size() < 5 || t.name.compare(t.name.size() - 5, 5, ".bias") != 0,
              f.where(t.name), "biases are not supported");
   }
+
+  // for_each_weight sizes the layer list before it asks for a layer's tensors, so a block_count
+  // the file cannot back would allocate without bound (see fuzz/README.md).
+  DC_CHECK(std::uint64_t(c.num_layers) <= f.tensors().size() / detail::kTensorsPerLayer,
+           f.where(), "metadata key '", c.architecture, ".block_count' = ", c.num_layers,
+           " but the file has only ", f.tensors().size(), " tensors (", detail::kTensorsPerLayer,
+           " per layer)");
 
   for_each_weight(c, model.weights, [&](const std::string& hf_name, Tensor<float, cpu>& slot, Shape expected) {
     const std::string name = detail::gguf_tensor_name(hf_name);

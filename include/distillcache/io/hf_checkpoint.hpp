@@ -15,6 +15,7 @@
 #include "../core/error.hpp"
 #include "../model/config.hpp"
 #include "../model/weights.hpp"
+#include "detail/json_text.hpp"
 #include "hf_config.hpp"
 #include "safetensors.hpp"
 
@@ -26,6 +27,9 @@ struct HfModel {
 };
 
 namespace detail {
+
+// Tensors every decoder layer has (norms, Q/K/V/O, gate/up/down): see for_each_weight.
+inline constexpr std::size_t kTensorsPerLayer = 9;
 
 // Where each tensor of a checkpoint lives: one file, or a weight_map over shard files.
 class HfWeightSource {
@@ -58,6 +62,11 @@ class HfWeightSource {
     return &shard;
   }
 
+  // How many tensors the checkpoint names (the index's weight_map, or the single file's).
+  std::size_t tensor_count() const {
+    return weight_map_.empty() ? files_.begin()->second->names().size() : weight_map_.size();
+  }
+
   // Describes what was searched, for "missing tensor" messages.
   const std::string& searched() const { return searched_; }
 
@@ -78,7 +87,7 @@ class HfWeightSource {
              ": field 'weight_map' missing or not an object");
     for (const auto& [tensor, shard_json] : j.at("weight_map").items()) {
       DC_CHECK(shard_json.is_string(), source, ": weight_map entry for tensor '", tensor,
-               "' must be a string, got ", shard_json.dump());
+               "' must be a string, got ", detail::json_text(shard_json));
       const std::string shard = shard_json.get<std::string>();
       // Shards must sit in the checkpoint folder itself: a name with a path separator or a dot
       // directory could make a downloaded index read arbitrary files.
@@ -116,6 +125,13 @@ inline HfModel load_hf_model(const std::filesystem::path& folder) {
   HfModel model;
   model.config = load_hf_config(folder / "config.json");
   const detail::HfWeightSource source(folder);
+  // for_each_weight sizes the layer list before it asks for a layer's tensors, so a layer count
+  // the checkpoint cannot back would allocate without bound (see fuzz/README.md).
+  DC_CHECK(std::size_t(model.config.num_layers) <=
+               source.tensor_count() / detail::kTensorsPerLayer,
+           "checkpoint ", folder.string(), ": config says num_hidden_layers = ",
+           model.config.num_layers, " but ", source.searched(), " has only ", source.tensor_count(),
+           " tensors (", detail::kTensorsPerLayer, " per layer)");
 
   // Tied checkpoints keep only model.embed_tokens.weight; for_each_weight then never asks for
   // lm_head.weight, so a redundant copy in the file is simply not read.

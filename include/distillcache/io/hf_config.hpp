@@ -6,6 +6,7 @@
 // does not implement (RoPE scaling, biases, other activations) is rejected here rather than
 // silently producing wrong logits.
 #include <cmath>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -17,6 +18,7 @@
 
 #include "../core/error.hpp"
 #include "../model/config.hpp"
+#include "detail/json_text.hpp"
 
 namespace dc {
 
@@ -44,30 +46,32 @@ class HfConfigReader {
   bool optional_bool(const char* key, bool fallback) const {
     if (!has(key)) return fallback;
     DC_CHECK(j_.at(key).is_boolean(), source_, ": field '", key, "' must be a boolean, got ",
-             j_.at(key).dump());
+             detail::json_text(j_.at(key)));
     return j_.at(key).get<bool>();
   }
   std::string optional_string(const char* key, std::string fallback) const {
     if (!has(key)) return fallback;
     DC_CHECK(j_.at(key).is_string(), source_, ": field '", key, "' must be a string, got ",
-             j_.at(key).dump());
+             detail::json_text(j_.at(key)));
     return j_.at(key).get<std::string>();
   }
 
   int to_int(const nlohmann::json& v, std::string_view key) const {
-    DC_CHECK(v.is_number_integer(), source_, ": field '", key, "' must be an integer, got ", v.dump());
+    DC_CHECK(v.is_number_integer(), source_, ": field '", key, "' must be an integer, got ",
+             detail::json_text(v));
     const bool fits = v.is_number_unsigned()
                           ? v.get<std::uint64_t>() <= std::uint64_t(std::numeric_limits<int>::max())
                           : v.get<std::int64_t>() >= std::numeric_limits<int>::min() &&
                                 v.get<std::int64_t>() <= std::numeric_limits<int>::max();
-    DC_CHECK(fits, source_, ": field '", key, "' out of int range: ", v.dump());
+    DC_CHECK(fits, source_, ": field '", key, "' out of int range: ", detail::json_text(v));
     return static_cast<int>(v.get<std::int64_t>());
   }
   float to_float32(const nlohmann::json& v, std::string_view key) const {
-    DC_CHECK(v.is_number(), source_, ": field '", key, "' must be a number, got ", v.dump());
+    DC_CHECK(v.is_number(), source_, ": field '", key, "' must be a number, got ",
+             detail::json_text(v));
     const double x = v.get<double>();
     DC_CHECK(std::isfinite(x) && std::fabs(x) <= double(std::numeric_limits<float>::max()), source_,
-             ": field '", key, "' out of float range: ", v.dump());
+             ": field '", key, "' out of float range: ", detail::json_text(v));
     return static_cast<float>(x);
   }
 
@@ -82,14 +86,27 @@ class HfConfigReader {
 // The RoPE type named by a rope_scaling / rope_parameters object ("type" is the pre-4.45 key).
 inline std::string hf_rope_type(const HfConfigReader& r, const char* key) {
   const auto& obj = r.json().at(key);
-  DC_CHECK(obj.is_object(), r.source(), ": field '", key, "' must be an object, got ", obj.dump());
+  DC_CHECK(obj.is_object(), r.source(), ": field '", key, "' must be an object, got ",
+           detail::json_text(obj));
   for (const char* type_key : {"rope_type", "type"}) {
     if (!obj.contains(type_key) || obj.at(type_key).is_null()) continue;
     DC_CHECK(obj.at(type_key).is_string(), r.source(), ": field '", key, ".", type_key,
-             "' must be a string, got ", obj.at(type_key).dump());
+             "' must be a string, got ", detail::json_text(obj.at(type_key)));
     return obj.at(type_key).get<std::string>();
   }
   return "default";
+}
+
+// What ModelConfig::validate() leaves out: it bounds the embedding and MLP matrices by 2^31
+// elements, but not the attention projections, so num_heads * head_dim could overflow int in
+// q_dim() (see fuzz/README.md). Both config readers call this after validate().
+inline void check_attention_dims(const ModelConfig& c) {
+  constexpr std::int64_t kLimit = std::int64_t(1) << 31;
+  const std::int64_t q = std::int64_t(c.num_heads) * c.head_dim;
+  const std::int64_t kv = std::int64_t(c.num_kv_heads) * c.head_dim;
+  DC_CHECK(q < kLimit && kv < kLimit && q * c.hidden_size < kLimit && kv * c.hidden_size < kLimit,
+           "model config: dimensions too large (num_attention_heads*head_dim (", q,
+           ") or num_key_value_heads*head_dim (", kv, ") times hidden_size exceeds 2^31)");
 }
 
 }  // namespace detail
@@ -150,6 +167,7 @@ inline ModelConfig parse_hf_config(const nlohmann::json& j, std::string_view sou
 
   try {
     c.validate();
+    detail::check_attention_dims(c);
   } catch (const Error& e) {
     DC_FAIL(source, ": ", e.message());
   }

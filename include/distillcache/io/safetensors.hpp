@@ -25,6 +25,7 @@
 #include "../core/dtype.hpp"
 #include "../core/error.hpp"
 #include "../core/tensor.hpp"
+#include "detail/json_text.hpp"
 
 namespace dc {
 
@@ -198,14 +199,15 @@ class SafetensorsFile {
     constexpr std::uint64_t kMaxNumel = std::uint64_t(1) << 56;
     std::uint64_t numel = 1;
     for (const auto& d : shape) {
-      DC_CHECK(d.is_number_integer(), where(name), "field 'shape' must hold integers, got ", d.dump());
+      DC_CHECK(d.is_number_integer(), where(name), "field 'shape' must hold integers, got ",
+               detail::json_text(d));
       DC_CHECK(!d.is_number_unsigned() || d.get<std::uint64_t>() <= kMaxNumel, where(name),
-               "shape dimension ", d.dump(), " is absurdly large");
+               "shape dimension ", detail::json_text(d), " is absurdly large");
       const std::int64_t dim = d.get<std::int64_t>();
       DC_CHECK(dim >= 0, where(name), "negative shape dimension ", dim);
       const auto udim = static_cast<std::uint64_t>(dim);
-      DC_CHECK(udim == 0 || numel <= kMaxNumel / udim, where(name), "shape ", shape.dump(),
-               " has too many elements");
+      DC_CHECK(udim == 0 || numel <= kMaxNumel / udim, where(name), "shape ",
+               detail::json_text(shape), " has too many elements");
       numel *= udim;
       t.shape.push_back(dim);
     }
@@ -213,12 +215,13 @@ class SafetensorsFile {
 
     for (const auto& o : offsets)
       DC_CHECK(o.is_number_unsigned(), where(name),
-               "field 'data_offsets' must hold non-negative integers, got ", offsets.dump());
+               "field 'data_offsets' must hold non-negative integers, got ",
+               detail::json_text(offsets));
     t.begin = offsets[0].get<std::uint64_t>();
     t.end = offsets[1].get<std::uint64_t>();
     DC_CHECK(t.begin <= t.end, where(name), "data_offsets [", t.begin, ", ", t.end, "] are reversed");
     DC_CHECK(t.end - t.begin == numel * elem, where(name), "data_offsets [", t.begin, ", ", t.end,
-             "] span ", t.end - t.begin, " bytes, but shape ", shape.dump(), " of ", t.dtype,
+             "] span ", t.end - t.begin, " bytes, but shape ", detail::json_text(shape), " of ", t.dtype,
              " needs ", numel * elem);
     return t;
   }

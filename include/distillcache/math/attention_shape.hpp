@@ -1,5 +1,5 @@
 #pragma once
-// The shape parameters every attention kernel needs, passed by value to CPU and CUDA code.
+// The parameters every attention kernel needs, passed by value to CPU and CUDA code.
 #include "../core/config.hpp"
 
 namespace dc {
@@ -11,6 +11,15 @@ struct AttentionShape {
   int window = 0;        // sliding window in positions, 0 = unlimited
   float scale = 0.0f;    // 1/sqrt(head_dim)
   int capacity = 0;      // slots per KV head in the cache layout [kv_heads, capacity, head_dim]
+};
+
+
+// Where attention statistics go for one layer: the layer's block [stat_rows(num_heads),
+// capacity] (null: no statistics), and the first query of the chunk that is observed (queries
+// t >= first_observed accumulate; the chunk's queries are in position order).
+struct AttentionStats {
+  float* block = nullptr;
+  int first_observed = 0;
 };
 
 }  // namespace dc

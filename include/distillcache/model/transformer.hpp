@@ -115,8 +115,11 @@ class Transformer {
     const int d = cfg_.hidden_size, ff = cfg_.intermediate_size, qd = cfg_.q_dim(),
               kvd = cfg_.kv_dim();
     copy_to_backend(ctx_, tokens_.data(), tokens.data(), tokens.size());
-    const int first = cache.append(ctx_, n);
-    const std::int32_t* query_pos = cache.positions() + first;
+    const int chunk_position = cache.next_position();
+    cache.append(ctx_, n);
+    // Queries at positions >= observed_from() feed the eviction statistics.
+    const int first_observed = std::clamp(cache.observed_from() - chunk_position, 0, n);
+    const bool observed = cache.observing(chunk_position + n - 1);
     const AttentionShape shape{cfg_.num_heads,
                                cfg_.num_kv_heads,
                                cfg_.head_dim,
@@ -129,6 +132,8 @@ class Transformer {
     embedding(ctx_, x, tokens_.data(), n, w_.embed.data(), d);
     for (int l = 0; l < cfg_.num_layers; ++l) {
       const LayerWeights<B, W>& L = w_.layers[std::size_t(l)];
+      const int first = cache.appended_at(l);
+      const std::int32_t* query_pos = cache.positions(l) + first;
       // Attention block: x += Wo * attention(rope(Wq xn), rope(Wk xn), Wv xn).
       rmsnorm(ctx_, xn, x, L.attn_norm.data(), n, d, cfg_.rms_eps);
       matmul(ctx_, q, xn, L.wq.data(), n, d, qd);
@@ -136,9 +141,10 @@ class Transformer {
       matmul(ctx_, v, xn, L.wv.data(), n, d, kvd);
       rope(ctx_, q, k, query_pos, n, cfg_.num_heads, cfg_.num_kv_heads, cfg_.head_dim,
            cfg_.rope_theta);
-      kv_write(ctx_, cache.keys(l), cache.values(l), k, v, n, first, shape);
-      attention(ctx_, att, q, cache.keys(l), cache.values(l), cache.positions(), cache.length(),
-                query_pos, n, shape);
+      kv_write(ctx_, cache.keys(l), cache.values(l), k, v, n, first, shape, cache.stats(l));
+      const AttentionStats stats{observed ? cache.stats(l) : nullptr, first_observed};
+      attention(ctx_, att, q, cache.keys(l), cache.values(l), cache.positions(l), cache.length(l),
+                query_pos, n, shape, stats);
       matmul(ctx_, x, att, L.wo.data(), n, qd, d, /*accumulate=*/true);
       // Feed-forward block: x += W_down (silu(W_gate xn) * W_up xn).
       rmsnorm(ctx_, xn, x, L.ffn_norm.data(), n, d, cfg_.rms_eps);

@@ -1,0 +1,88 @@
+#pragma once
+// EvictingDecoder: runs a transformer with a cache that a policy keeps within a budget.
+//
+// Two triggers: after prefill (prompt compression to B tokens) and, in decode mode, whenever the
+// cache reaches B + chunk tokens (evicted back to B), so it never holds more than B + chunk.
+// Statistics: at prefill the policy's observation window of the last W prompt queries is
+// observed (W = 0: all of them); every decode query is observed.
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "../model/transformer.hpp"
+#include "../policy/policy.hpp"
+#include "../policy/select.hpp"
+#include "budget.hpp"
+#include "features.hpp"
+
+namespace dc {
+
+enum class EvictionMode { prefill, decode };
+
+template <Backend B, class W = float>
+class EvictingDecoder {
+ public:
+  // max_new_tokens bounds decoding, to size the cache once.
+  EvictingDecoder(Transformer<B, W>& model, EvictionPolicy& policy, Budget budget,
+                  EvictionMode mode, int max_prompt, int max_new_tokens)
+      : model_(model), policy_(policy), budget_(budget), mode_(mode), max_prompt_(max_prompt) {
+    DC_CHECK(max_prompt > 0 && max_new_tokens >= 0, "EvictingDecoder: max_prompt ", max_prompt,
+             " and max_new_tokens ", max_new_tokens, " must be positive");
+    cache_ = model_.make_cache(max_prompt + max_new_tokens);
+    logits_.resize(std::size_t(model_.config().vocab_size));
+  }
+
+  // Prefills the prompt (observing the policy's window) and compresses it to the budget.
+  // Returns the logits after the last prompt token.
+  std::span<const float> prefill(std::span<const std::int32_t> prompt) {
+    const int n = int(prompt.size());
+    DC_CHECK(n > 0, "EvictingDecoder: empty prompt");
+    DC_CHECK(n <= max_prompt_, "EvictingDecoder: prompt of ", n, " tokens exceeds max_prompt ",
+             max_prompt_);
+    cache_.clear();
+    evictions_ = 0;
+    budget_tokens_ = budget_.resolve(n);
+    const int window = policy_.observation_window();
+    cache_.set_observed_from(window <= 0 ? 0 : std::max(0, n - window));
+    model_.forward(prompt, cache_, std::span<float>(logits_));
+    cache_.set_observed_from(0);  // from now on every query is observed
+    if (policy_.evicts() && cache_.length() > budget_tokens_) evict();
+    return logits_;
+  }
+
+  // Feeds one token; evicts back to the budget when decode-mode eviction is due.
+  std::span<const float> step(std::int32_t token) {
+    DC_CHECK(budget_tokens_ > 0, "EvictingDecoder: step() before prefill()");
+    model_.forward(std::span<const std::int32_t>(&token, 1), cache_, std::span<float>(logits_));
+    if (mode_ == EvictionMode::decode && policy_.evicts() &&
+        cache_.length() >= budget_tokens_ + budget_.chunk)
+      evict();
+    return logits_;
+  }
+
+  const KVCache<B>& cache() const { return cache_; }
+  int budget_tokens() const { return budget_tokens_; }
+  int evictions() const { return evictions_; }
+
+ private:
+  void evict() {
+    const TokenFeatures f = gather_features(model_.context(), cache_);
+    scores_.assign(std::size_t(f.size), 0.0f);
+    policy_.score(f, budget_tokens_, scores_);
+    const auto keep = select_keep(scores_, f.position, budget_tokens_, budget_.sink, budget_.recent);
+    cache_.compact(model_.context(), keep);
+    ++evictions_;
+  }
+
+  Transformer<B, W>& model_;
+  EvictionPolicy& policy_;
+  Budget budget_;
+  EvictionMode mode_;
+  int max_prompt_;
+  KVCache<B> cache_;
+  std::vector<float> logits_, scores_;
+  int budget_tokens_ = 0;
+  int evictions_ = 0;
+};
+
+}  // namespace dc

@@ -1,0 +1,67 @@
+#pragma once
+// Fidelity of an evicted cache to the full cache, step by step: KL(full || evicted) in nats,
+// agreement of the argmax tokens, and the negative log-likelihood of the true next token under
+// both, from which the perplexity ratio follows.
+#include <cmath>
+#include <cstdint>
+#include <span>
+
+#include "../core/error.hpp"
+#include "../math/kl.hpp"
+#include "../math/softmax.hpp"
+#include "../model/sampling.hpp"
+
+namespace dc {
+
+inline float log_sum_exp(std::span<const float> logits) {
+  math::OnlineSoftmax s;
+  for (float x : logits) {
+    DC_CHECK(!std::isnan(x), "log_sum_exp: NaN logit");
+    s.push(x);
+  }
+  return s.log_sum_exp();
+}
+
+// KL(P || Q) for P = softmax(full), Q = softmax(evicted), accumulated in double.
+inline double kl_divergence(std::span<const float> full, std::span<const float> evicted) {
+  DC_CHECK(full.size() == evicted.size() && !full.empty(), "kl_divergence: ", full.size(),
+           " vs ", evicted.size(), " logits");
+  const float lse_p = log_sum_exp(full), lse_q = log_sum_exp(evicted);
+  double kl = 0.0;
+  for (std::size_t v = 0; v < full.size(); ++v)
+    kl += math::kl_term(full[v] - lse_p, evicted[v] - lse_q);
+  return kl > 0.0 ? kl : 0.0;  // rounding can give -1e-9 for identical rows
+}
+
+struct FidelityTotals {
+  double kl_sum = 0.0;
+  double nll_full_sum = 0.0, nll_evicted_sum = 0.0;
+  std::int64_t agreements = 0, steps = 0;
+
+  // Adds one step: the two logit rows and the true next token.
+  void add(std::span<const float> full, std::span<const float> evicted, std::int32_t target) {
+    DC_CHECK(target >= 0 && std::size_t(target) < full.size(), "target token ", target,
+             " outside the vocabulary");
+    kl_sum += kl_divergence(full, evicted);
+    agreements += argmax(full) == argmax(evicted);
+    nll_full_sum += double(log_sum_exp(full)) - full[std::size_t(target)];
+    nll_evicted_sum += double(log_sum_exp(evicted)) - evicted[std::size_t(target)];
+    ++steps;
+  }
+  void merge(const FidelityTotals& o) {
+    kl_sum += o.kl_sum;
+    nll_full_sum += o.nll_full_sum;
+    nll_evicted_sum += o.nll_evicted_sum;
+    agreements += o.agreements;
+    steps += o.steps;
+  }
+
+  double kl_mean() const { return steps ? kl_sum / double(steps) : 0.0; }
+  double top1_agreement() const { return steps ? double(agreements) / double(steps) : 0.0; }
+  // exp(mean NLL evicted) / exp(mean NLL full).
+  double ppl_ratio() const {
+    return steps ? std::exp((nll_evicted_sum - nll_full_sum) / double(steps)) : 1.0;
+  }
+};
+
+}  // namespace dc

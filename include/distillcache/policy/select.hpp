@@ -1,0 +1,48 @@
+#pragma once
+// Top-B selection: the B highest-scoring slots as an ascending keep-set, with protected sink and
+// recent tokens always kept. Ties go to the older slot, so selection is deterministic.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <numeric>
+#include <span>
+#include <vector>
+
+#include "../core/error.hpp"
+
+namespace dc {
+
+// positions[i] is slot i's position (ascending in slot order is not assumed).
+inline std::vector<std::int32_t> select_keep(std::span<const float> scores,
+                                             std::span<const std::int32_t> positions, int budget,
+                                             int sink = 0, int recent = 0) {
+  const int n = static_cast<int>(scores.size());
+  DC_CHECK(positions.size() == scores.size(), "select_keep: ", scores.size(), " scores for ",
+           positions.size(), " positions");
+  DC_CHECK(budget >= 0, "select_keep: negative budget ", budget);
+  for (int i = 0; i < n; ++i)
+    DC_CHECK(!std::isnan(scores[std::size_t(i)]), "select_keep: score of slot ", i, " is NaN");
+  std::vector<std::int32_t> keep(static_cast<std::size_t>(n));
+  std::iota(keep.begin(), keep.end(), 0);
+  if (budget >= n) return keep;
+
+  // Protected: the `sink` oldest and `recent` newest positions.
+  std::vector<std::int32_t> by_position = keep;
+  std::sort(by_position.begin(), by_position.end(),
+            [&](std::int32_t a, std::int32_t b) { return positions[std::size_t(a)] < positions[std::size_t(b)]; });
+  std::vector<char> is_protected(std::size_t(n), 0);
+  for (int i = 0; i < std::min(sink, n); ++i) is_protected[std::size_t(by_position[std::size_t(i)])] = 1;
+  for (int i = std::max(0, n - recent); i < n; ++i) is_protected[std::size_t(by_position[std::size_t(i)])] = 1;
+
+  auto better = [&](std::int32_t a, std::int32_t b) {
+    if (is_protected[std::size_t(a)] != is_protected[std::size_t(b)]) return is_protected[std::size_t(a)] > is_protected[std::size_t(b)];
+    if (scores[std::size_t(a)] != scores[std::size_t(b)]) return scores[std::size_t(a)] > scores[std::size_t(b)];
+    return positions[std::size_t(a)] < positions[std::size_t(b)];
+  };
+  std::nth_element(keep.begin(), keep.begin() + budget, keep.end(), better);
+  keep.resize(std::size_t(budget));
+  std::sort(keep.begin(), keep.end());
+  return keep;
+}
+
+}  // namespace dc

@@ -1,0 +1,292 @@
+// KV-cache eviction on the CPU: evicted-cache decoding against a masked double-precision
+// reference, the five features against explicit attention matrices, every baseline's keep-set
+// against a straightforward reference, byte accounting, and budget errors.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <map>
+#include <numeric>
+
+#include <distillcache/distillcache.hpp>
+
+#include "../support/reference_transformer.hpp"
+
+namespace {
+
+const std::string kFixtures = DC_FIXTURE_DIR;
+
+std::vector<int> fixture_tokens(const std::string& name) {
+  dc::SafetensorsFile f(kFixtures + "/" + name + "/oracle.safetensors");
+  const auto t = f.read_i32("tokens");
+  return {t.begin(), t.end()};
+}
+
+double max_abs_diff(std::span<const float> got, const std::vector<double>& want) {
+  double m = 0.0;
+  for (std::size_t i = 0; i < want.size(); ++i) m = std::max(m, std::fabs(double(got[i]) - want[i]));
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("decoding with an evicted cache equals full-cache decoding masked to the kept tokens") {
+  for (const std::string name : {"tiny_mistral", "tiny_llama_tied", "tiny_mistral_swa"}) {
+    CAPTURE(name);
+    dc::HfModel m = dc::load_hf_model(kFixtures + "/" + name);
+    const dc::HostWeights reference_weights = dc::load_hf_model(kFixtures + "/" + name).weights;
+    const dc::ModelConfig cfg = m.config;
+    dc::Transformer<dc::cpu> model(cfg, std::move(m.weights), 8);
+    const auto tokens = fixture_tokens(name);
+    const int prompt = 16;
+
+    // evicted_at[k]: first query position that no longer sees key position k.
+    std::vector<int> evicted_at(tokens.size(), INT_MAX);
+    auto cache = model.make_cache(int(tokens.size()));
+    std::vector<std::int32_t> ids(tokens.begin(), tokens.end());
+    model.forward(std::span(ids).first(prompt), cache);
+
+    // Evict after prefill: keep 8 of 16 slots (slot == position here).
+    const std::vector<std::int32_t> keep1{0, 1, 5, 7, 8, 12, 14, 15};
+    for (int k = 0; k < prompt; ++k)
+      if (!std::binary_search(keep1.begin(), keep1.end(), k)) evicted_at[std::size_t(k)] = prompt;
+    cache.compact(model.context(), keep1);
+    CHECK(cache.length() == 8);
+
+    std::vector<std::vector<float>> got;
+    for (int t = prompt; t < int(tokens.size()); ++t) {
+      if (t == 20) {
+        // Evict during decoding too: drop positions 1, 8 and 17 (slots 1, 4 and 9).
+        const std::vector<std::int32_t> keep2{0, 2, 3, 5, 6, 7, 8, 10, 11};
+        for (int pos : {1, 8, 17}) evicted_at[std::size_t(pos)] = 20;
+        cache.compact(model.context(), keep2);
+        CHECK(cache.host_positions() == std::vector<std::int32_t>{0, 5, 7, 12, 14, 15, 16, 18, 19});
+      }
+      got.push_back(model.forward(std::span(ids).subspan(std::size_t(t), 1), cache));
+    }
+    const auto ref = dc_test::reference_forward(cfg, reference_weights, tokens, [&](int q, int k) {
+      return q < evicted_at[std::size_t(k)];
+    });
+    double worst = 0.0;
+    for (int t = prompt; t < int(tokens.size()); ++t)
+      worst = std::max(worst, max_abs_diff(got[std::size_t(t - prompt)], ref.logits[std::size_t(t)]));
+    MESSAGE(name << ": evicted decode vs masked reference, max abs error " << worst);
+    CHECK(worst < 1e-4);
+    // The eviction changed the result (the test can fail): compare with unmasked decoding.
+    const auto full = dc_test::reference_forward(cfg, reference_weights, tokens, [](int, int) { return true; });
+    CHECK(max_abs_diff(got.back(), full.logits.back()) > 1e-3);
+  }
+}
+
+TEST_CASE("the five features equal a naive computation from explicit attention matrices") {
+  dc::HfModel m = dc::load_hf_model(kFixtures + "/tiny_llama_tied");
+  const dc::HostWeights w = dc::load_hf_model(kFixtures + "/tiny_llama_tied").weights;
+  const dc::ModelConfig cfg = m.config;
+  dc::Transformer<dc::cpu> model(cfg, std::move(m.weights), 5);
+  const auto tokens = fixture_tokens("tiny_llama_tied");
+  std::vector<std::int32_t> ids(tokens.begin(), tokens.end());
+  const int prompt = 16, observed_from = 10, steps = 3;
+  auto cache = model.make_cache(prompt + steps);
+  cache.set_observed_from(observed_from);
+  model.forward(std::span(ids).first(prompt), cache);  // chunks of 5: the window starts mid-chunk
+  cache.set_observed_from(0);
+  for (int t = prompt; t < prompt + steps; ++t) model.forward(std::span(ids).subspan(std::size_t(t), 1), cache);
+  const dc::TokenFeatures f = dc::gather_features(model.context(), cache);
+
+  const std::vector<int> seq(tokens.begin(), tokens.begin() + prompt + steps);
+  const auto ref = dc_test::reference_forward(cfg, w, seq, [](int, int) { return true; });
+  const int n = prompt + steps, H = cfg.num_heads, L = cfg.num_layers, KV = cfg.num_kv_heads;
+  REQUIRE(f.size == n);
+  double worst_alpha = 0, worst_sigma = 0, worst_entropy = 0, worst_norm = 0, worst_last = 0;
+  for (int k = 0; k < n; ++k) {
+    double mass = 0, ent_mass = 0, queries = 0, last = 0;
+    std::vector<double> head_mass(std::size_t(H), 0.0);
+    for (int l = 0; l < L; ++l)
+      for (int q = std::max(observed_from, k); q < n; ++q) {
+        queries += 1.0 / H;  // counted once per (layer, query); divided back below
+        for (int h = 0; h < H; ++h) {
+          const auto& row = ref.probs[std::size_t(l)][std::size_t(h)][std::size_t(q)];
+          double entropy = 0;
+          for (double p : row)
+            if (p > 0) entropy -= p * std::log(p);
+          const double p = row[std::size_t(k)];
+          mass += p;
+          ent_mass += p * entropy;
+          head_mass[std::size_t(h)] += p;
+          if (q == n - 1) last += p / L;
+        }
+      }
+    queries *= H;  // = layers x observed queries that see k
+    const double alpha = mass / (queries * H);
+    double mean = 0, sq = 0;
+    for (double hm : head_mass) {
+      mean += hm / queries / H;
+      sq += (hm / queries) * (hm / queries) / H;
+    }
+    double vnorm = 0;
+    for (int l = 0; l < L; ++l)
+      for (int g = 0; g < KV; ++g) vnorm += ref.value_norm[std::size_t(l)][std::size_t(g)][std::size_t(k)] / (L * KV);
+    const std::size_t s = std::size_t(k);
+    worst_alpha = std::max(worst_alpha, std::fabs(f.alpha[s] - alpha));
+    worst_sigma = std::max(worst_sigma, std::fabs(f.head_variance[s] - (sq - mean * mean)));
+    worst_entropy = std::max(worst_entropy, std::fabs(f.entropy[s] - ent_mass / mass));
+    worst_norm = std::max(worst_norm, std::fabs(f.value_norm[s] - vnorm) / vnorm);
+    worst_last = std::max(worst_last, std::fabs(f.last_query_mass[s] - last));
+    CHECK(f.relative_position[s] == doctest::Approx(double(k) / (n - 1)));
+    CHECK(f.accumulated_mass[s] == doctest::Approx(mass).epsilon(1e-4));
+  }
+  MESSAGE("feature errors: alpha " << worst_alpha << ", sigma " << worst_sigma << ", entropy "
+                                   << worst_entropy << ", value norm (rel) " << worst_norm
+                                   << ", last-query mass " << worst_last);
+  CHECK(worst_alpha < 1e-5);
+  CHECK(worst_sigma < 1e-5);
+  CHECK(worst_entropy < 1e-4);
+  CHECK(worst_norm < 1e-5);
+  CHECK(worst_last < 1e-5);
+
+  // Statistics move with their slots: compaction permutes features, it does not change them.
+  const std::vector<std::int32_t> keep{0, 3, 4, 9, 17, 18};
+  cache.compact(model.context(), keep);
+  const dc::TokenFeatures g = dc::gather_features(model.context(), cache);
+  REQUIRE(g.size == int(keep.size()));
+  for (std::size_t i = 0; i < keep.size(); ++i) {
+    CHECK(g.position[i] == f.position[std::size_t(keep[i])]);
+    CHECK(g.alpha[i] == f.alpha[std::size_t(keep[i])]);
+    CHECK(g.entropy[i] == f.entropy[std::size_t(keep[i])]);
+    CHECK(g.key_norm[i] == f.key_norm[std::size_t(keep[i])]);
+  }
+}
+
+namespace {
+
+// Fixed inputs for the baselines: 20 slots at positions 0..19 with deterministic features.
+dc::TokenFeatures fixed_features() {
+  dc::TokenFeatures f;
+  f.size = 20;
+  f.latest_position = 19;
+  for (int i = 0; i < f.size; ++i) {
+    f.position.push_back(i);
+    f.alpha.push_back(float((i * 7) % 11) / 10.0f);
+    f.accumulated_mass.push_back(float((i * 5) % 13));
+    f.last_query_mass.push_back(float((i * 3) % 17) / 16.0f);
+    f.key_norm.push_back(float((i * 11) % 19));
+    f.value_norm.push_back(1.0f);
+    f.head_variance.push_back(0.0f);
+    f.entropy.push_back(0.0f);
+    f.relative_position.push_back(float(i) / 19.0f);
+  }
+  return f;
+}
+
+// Reference: sort by (key descending, position ascending), take the first `budget`.
+std::vector<std::int32_t> top_by(const std::vector<double>& key, int budget) {
+  std::vector<std::int32_t> idx(key.size());
+  std::iota(idx.begin(), idx.end(), 0);
+  std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) { return key[std::size_t(a)] > key[std::size_t(b)]; });
+  idx.resize(std::size_t(budget));
+  std::sort(idx.begin(), idx.end());
+  return idx;
+}
+
+std::vector<std::int32_t> keep_of(dc::EvictionPolicy& p, const dc::TokenFeatures& f, int budget) {
+  std::vector<float> s(std::size_t(f.size));
+  p.score(f, budget, s);
+  return dc::select_keep(s, f.position, budget);
+}
+
+}  // namespace
+
+TEST_CASE("each baseline keeps what a straightforward reference keeps") {
+  const auto f = fixed_features();
+  const int B = 8;
+  std::vector<double> key(20);
+
+  dc::StreamingPolicy streaming;  // 4 sinks + most recent
+  CHECK(keep_of(streaming, f, B) == std::vector<std::int32_t>{0, 1, 2, 3, 16, 17, 18, 19});
+
+  dc::H2OPolicy h2o;  // 4 most recent + top-4 accumulated mass among the rest
+  for (int i = 0; i < 20; ++i) key[std::size_t(i)] = i >= 16 ? 1e9 : f.accumulated_mass[std::size_t(i)];
+  CHECK(keep_of(h2o, f, B) == top_by(key, B));
+
+  dc::SnapKVPolicy snapkv(4, 3);  // last 4 kept + top-4 of avg-pooled alpha (kernel 3, zero pad)
+  for (int i = 0; i < 20; ++i) {
+    double pooled = 0;
+    for (int j = i - 1; j <= i + 1; ++j)
+      if (j >= 0 && j < 20) pooled += f.alpha[std::size_t(j)];
+    key[std::size_t(i)] = i >= 16 ? 1e9 : pooled / 3;
+  }
+  CHECK(keep_of(snapkv, f, B) == top_by(key, B));
+
+  dc::TOVAPolicy tova;
+  for (int i = 0; i < 20; ++i) key[std::size_t(i)] = f.last_query_mass[std::size_t(i)];
+  CHECK(keep_of(tova, f, B) == top_by(key, B));
+
+  dc::KNormPolicy knorm;
+  for (int i = 0; i < 20; ++i) key[std::size_t(i)] = -f.key_norm[std::size_t(i)];
+  CHECK(keep_of(knorm, f, B) == top_by(key, B));
+
+  dc::RandomPolicy r1(7), r2(7), r3(8);
+  const auto k1 = keep_of(r1, f, B);
+  CHECK(k1.size() == std::size_t(B));
+  CHECK(std::is_sorted(k1.begin(), k1.end()));
+  CHECK(k1 == keep_of(r2, f, B));  // same seed, same subset
+  CHECK(k1 != keep_of(r3, f, B));
+
+  CHECK_THROWS_WITH_AS(dc::make_baseline_policy("lru"), doctest::Contains("unknown policy 'lru'"), dc::Error);
+  for (const auto& name : dc::baseline_policy_names()) CHECK(dc::make_baseline_policy(name)->name() == name);
+}
+
+TEST_CASE("select_keep protects sinks and recent tokens and rejects NaN scores") {
+  const std::vector<float> scores{9, 0, 0, 8, 7, 6, 0, 0};
+  const std::vector<std::int32_t> pos{0, 1, 2, 3, 4, 5, 6, 7};
+  CHECK(dc::select_keep(scores, pos, 4) == std::vector<std::int32_t>{0, 3, 4, 5});
+  CHECK(dc::select_keep(scores, pos, 4, /*sink=*/2, /*recent=*/1) == std::vector<std::int32_t>{0, 1, 3, 7});
+  CHECK(dc::select_keep(scores, pos, 20).size() == 8);
+  const std::vector<float> bad{0, NAN};
+  CHECK_THROWS_WITH_AS(dc::select_keep(bad, std::span(pos).first(2), 1), doctest::Contains("NaN"), dc::Error);
+}
+
+TEST_CASE("EvictingDecoder keeps the cache within B (+ chunk) and its bytes match the budget") {
+  dc::HfModel m = dc::load_hf_model(kFixtures + "/tiny_mistral");
+  dc::Transformer<dc::cpu> model(m.config, std::move(m.weights), 8);
+  const auto tokens = fixture_tokens("tiny_mistral");
+  std::vector<std::int32_t> ids(tokens.begin(), tokens.end());
+  dc::H2OPolicy policy;
+  dc::Budget budget = dc::Budget::of_fraction(0.5);
+  budget.chunk = 3;
+  dc::EvictingDecoder<dc::cpu> dec(model, policy, budget, dc::EvictionMode::decode, 16, 8);
+  dec.prefill(std::span(ids).first(16));
+  CHECK(dec.budget_tokens() == 8);
+  CHECK(dec.cache().length() == 8);
+  CHECK(dec.cache().bytes_used() == std::size_t(8) * m.config.num_layers * dec.cache().bytes_per_slot_layer());
+  for (int t = 16; t < 24; ++t) {
+    dec.step(ids[std::size_t(t)]);
+    CHECK(dec.cache().length() <= 8 + 3 - 1);  // reaching B + chunk evicts back to B
+  }
+  CHECK(dec.evictions() == 1 + 8 / 3);
+
+  // Prefill-only mode never evicts while decoding.
+  dc::EvictingDecoder<dc::cpu> once(model, policy, budget, dc::EvictionMode::prefill, 16, 8);
+  once.prefill(std::span(ids).first(16));
+  for (int t = 16; t < 24; ++t) once.step(ids[std::size_t(t)]);
+  CHECK(once.cache().length() == 16);
+  CHECK(once.evictions() == 1);
+}
+
+TEST_CASE("impossible budgets give clear errors") {
+  CHECK_THROWS_WITH_AS(dc::Budget::of_tokens(0).resolve(16), doctest::Contains("budget is 0"), dc::Error);
+  CHECK_THROWS_WITH_AS(dc::Budget::of_fraction(0.0).resolve(16), doctest::Contains("budget is 0"), dc::Error);
+  CHECK_THROWS_WITH_AS(dc::Budget::of_tokens(-3).resolve(16), doctest::Contains("must be positive"), dc::Error);
+  CHECK_THROWS_WITH_AS(dc::Budget::of_fraction(-0.5).resolve(16), doctest::Contains("(0, 1]"), dc::Error);
+  CHECK_THROWS_WITH_AS(dc::Budget::of_tokens(17).resolve(16), doctest::Contains("exceed the prompt length"), dc::Error);
+  CHECK_THROWS_WITH_AS(dc::Budget::of_fraction(1.5).resolve(16), doctest::Contains("(0, 1]"), dc::Error);
+  CHECK_THROWS_WITH_AS(dc::Budget::of_fraction(NAN).resolve(16), doctest::Contains("not finite"), dc::Error);
+  CHECK_THROWS_WITH_AS(dc::Budget::of_fraction(INFINITY).resolve(16), doctest::Contains("not finite"), dc::Error);
+  dc::Budget protected_too_much = dc::Budget::of_tokens(4);
+  protected_too_much.sink = 3;
+  protected_too_much.recent = 2;
+  CHECK_THROWS_WITH_AS(protected_too_much.resolve(16), doctest::Contains("exceed the budget"), dc::Error);
+  CHECK(dc::Budget::of_fraction(0.25).resolve(1000) == 250);
+  CHECK(dc::Budget::of_fraction(0.125).resolve(9) == 2);  // rounds up
+}
