@@ -28,3 +28,5 @@
 #include "policy/baselines.hpp"
 #include "policy/policy.hpp"
 #include "policy/select.hpp"
+#include "eval/corpus.hpp"
+#include "eval/fidelity.hpp"

@@ -5,6 +5,7 @@
 // cache reaches B + chunk tokens (evicted back to B), so it never holds more than B + chunk.
 // Statistics: at prefill the policy's observation window of the last W prompt queries is
 // observed (W = 0: all of them); every decode query is observed.
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -40,14 +41,33 @@ class EvictingDecoder {
     DC_CHECK(n <= max_prompt_, "EvictingDecoder: prompt of ", n, " tokens exceeds max_prompt ",
              max_prompt_);
     cache_.clear();
-    evictions_ = 0;
-    budget_tokens_ = budget_.resolve(n);
-    const int window = policy_.observation_window();
-    cache_.set_observed_from(window <= 0 ? 0 : std::max(0, n - window));
+    cache_.set_observed_from(observation_start(policy_, n));
     model_.forward(prompt, cache_, std::span<float>(logits_));
-    cache_.set_observed_from(0);  // from now on every query is observed
-    if (policy_.evicts() && cache_.length() > budget_tokens_) evict();
-    return logits_;
+    return compress_prompt(n);
+  }
+
+  // The same as prefill() for a prompt already run through the model with this policy's
+  // observation window (cache.set_observed_from(observation_start(n)) before the forward):
+  // copies that cache and compresses the copy. Lets one prefill serve several policies/budgets.
+  std::span<const float> adopt_prefill(const KVCache<B>& prefilled, std::span<const float> logits) {
+    const int n = prefilled.next_position();
+    DC_CHECK(n > 0 && n <= max_prompt_, "EvictingDecoder: prefilled prompt of ", n,
+             " tokens (max_prompt ", max_prompt_, ")");
+    DC_CHECK(prefilled.observed_from() == observation_start(policy_, n),
+             "EvictingDecoder: the prefilled cache observed queries from position ",
+             prefilled.observed_from(), ", policy '", policy_.name(), "' needs ",
+             observation_start(policy_, n));
+    DC_CHECK(logits.size() == logits_.size(), "EvictingDecoder: logits of ", logits.size(),
+             " entries, vocabulary ", logits_.size());
+    cache_.copy_from(model_.context(), prefilled);
+    std::copy(logits.begin(), logits.end(), logits_.begin());
+    return compress_prompt(n);
+  }
+
+  // First prompt position whose query the policy observes, for a prompt of n tokens.
+  static int observation_start(const EvictionPolicy& policy, int n) {
+    const int window = policy.observation_window();
+    return window <= 0 ? 0 : std::max(0, n - window);
   }
 
   // Feeds one token; evicts back to the budget when decode-mode eviction is due.
@@ -65,6 +85,14 @@ class EvictingDecoder {
   int evictions() const { return evictions_; }
 
  private:
+  std::span<const float> compress_prompt(int n) {
+    evictions_ = 0;
+    budget_tokens_ = budget_.resolve(n);
+    cache_.set_observed_from(0);  // from now on every query is observed
+    if (policy_.evicts() && cache_.length() > budget_tokens_) evict();
+    return logits_;
+  }
+
   void evict() {
     const TokenFeatures f = gather_features(model_.context(), cache_);
     scores_.assign(std::size_t(f.size), 0.0f);

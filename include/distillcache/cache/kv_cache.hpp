@@ -130,6 +130,35 @@ class KVCache {
                       keep.size());
   }
 
+  // Makes this cache a copy of other (same model shape, capacity at least other's length):
+  // slots, positions, statistics, next position and observation setting. Used to prefill a
+  // prompt once and evict it several ways.
+  void copy_from(const Context<B>& ctx, const KVCache& other) {
+    DC_CHECK(layers_ == other.layers_ && heads_ == other.heads_ && kv_heads_ == other.kv_heads_ &&
+                 head_dim_ == other.head_dim_,
+             "KV cache copy between caches of different model shapes");
+    DC_CHECK(other.length() <= capacity_, "KV cache copy: ", other.length(),
+             " slots exceed capacity ", capacity_);
+    for (int l = 0; l < layers_; ++l) {
+      const int len = other.length(l);
+      for (int h = 0; h < kv_heads_; ++h) {
+        const std::int64_t dst = std::int64_t(h) * capacity_ * head_dim_;
+        const std::int64_t src = std::int64_t(h) * other.capacity_ * head_dim_;
+        copy_on_backend(ctx, keys(l) + dst, other.keys(l) + src, std::size_t(len) * head_dim_);
+        copy_on_backend(ctx, values(l) + dst, other.values(l) + src, std::size_t(len) * head_dim_);
+      }
+      for (int r = 0; r < stat_rows(heads_); ++r)
+        copy_on_backend(ctx, stats(l) + std::int64_t(r) * capacity_,
+                        other.stats(l) + std::int64_t(r) * other.capacity_, std::size_t(len));
+      host_positions_[std::size_t(l)] = other.host_positions_[std::size_t(l)];
+      copy_on_backend(ctx, positions_.data() + std::int64_t(l) * capacity_, other.positions(l),
+                      std::size_t(len));
+      last_append_[std::size_t(l)] = other.last_append_[std::size_t(l)];
+    }
+    next_position_ = other.next_position_;
+    observed_from_ = other.observed_from_;
+  }
+
   // Drops slots [length, length(l)) of every layer, e.g. to rewind a benchmark step. The next
   // token continues right after the last kept position.
   void truncate(int length) {

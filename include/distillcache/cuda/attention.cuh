@@ -34,6 +34,8 @@
 //     p = e^(s_j - m) / Z and folds them into the slot's rows in the CPU's fixed order (observed
 //     query t, then head h), so the sums are deterministic and match cpu/attention.hpp to
 //     rounding. It reads only the score scratch, never K or V.
+// Every kernel here is a template (instantiations are COMDAT), so the header links into several
+// translation units of one program; a plain __global__ function would be defined in each.
 // The score scratch is observed*heads*len floats (prefill chunk of 64 observed queries, 32 heads
 // and 32k keys: 256 MiB of workspace), as the CPU keeps the same probabilities.
 #include <cstdint>
@@ -302,7 +304,8 @@ __global__ void __launch_bounds__(ROWS * kWarpSize) attention_kernel(const Atten
 }
 
 // Merges the splits of one (query, head) row: one block per row, threads over head_dim.
-// Observed rows (row >= first_observed_row, with part_w) also get their statistics state.
+// With kStats, observed rows (row >= first_observed_row) also get their statistics state.
+template <bool kStats>
 __global__ void attention_combine_kernel(float* DC_RESTRICT out, const float* DC_RESTRICT part_o,
                                          const float2* DC_RESTRICT part_ml,
                                          const float* DC_RESTRICT part_w,
@@ -314,7 +317,7 @@ __global__ void attention_combine_kernel(float* DC_RESTRICT out, const float* DC
     const float2 ml = part_ml[std::int64_t(s) * rows_total + row];
     total.combine(math::OnlineSoftmax{ml.x, ml.y});
   }
-  if (part_w && row >= first_observed_row && threadIdx.x == 0) {
+  if (kStats && row >= first_observed_row && threadIdx.x == 0) {
     // Each split's weighted sum is relative to its own max m_s; moved to the total max M:
     // e^(m_s - M) (w_s + (m_s - M) l_s).
     float weighted = 0.0f;
@@ -338,8 +341,9 @@ __global__ void attention_combine_kernel(float* DC_RESTRICT out, const float* DC
   }
 }
 
-__global__ void kv_write_kernel(float* DC_RESTRICT k_cache, float* DC_RESTRICT v_cache,
-                                const float* DC_RESTRICT k, const float* DC_RESTRICT v,
+template <class T>
+__global__ void kv_write_kernel(T* DC_RESTRICT k_cache, T* DC_RESTRICT v_cache,
+                                const T* DC_RESTRICT k, const T* DC_RESTRICT v,
                                 std::int64_t count, int first, int kv_heads, int head_dim,
                                 int capacity) {
   const std::int64_t stride = std::int64_t(gridDim.x) * blockDim.x;
@@ -356,15 +360,15 @@ __global__ void kv_write_kernel(float* DC_RESTRICT k_cache, float* DC_RESTRICT v
   }
 }
 
-// Statistics of the new slots: one warp per token t (block of kStatWarps warps). Zeroes every
-// row of slot first + t and records the mean over KV heads of the L2 norms of its k and v rows.
-// Reads the chunk's k/v (not the cache), so it needs no ordering with kv_write_kernel.
-inline constexpr int kStatWarps = 4;
-__global__ void __launch_bounds__(kStatWarps * kWarpSize)
+// Statistics of the new slots: one warp per token t (WARPS per block). Zeroes every row of slot
+// first + t and records the mean over KV heads of the L2 norms of its k and v rows. Reads the
+// chunk's k/v (not the cache), so it needs no ordering with kv_write_kernel.
+template <int WARPS>
+__global__ void __launch_bounds__(WARPS * kWarpSize)
     kv_write_stats_kernel(float* DC_RESTRICT stats, const float* DC_RESTRICT k,
                           const float* DC_RESTRICT v, int n, int first, int kv_heads, int head_dim,
                           int capacity, int rows) {
-  const int t = blockIdx.x * kStatWarps + threadIdx.x / kWarpSize;
+  const int t = blockIdx.x * WARPS + threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   if (t >= n) return;  // warp-uniform
   float key_norm = 0.0f, value_norm = 0.0f;
@@ -392,7 +396,9 @@ __global__ void __launch_bounds__(kStatWarps * kWarpSize)
 // query r, then head h), which makes the sums deterministic. Reads scores [observed, heads, len]
 // (coalesced across j) and row_state [observed, heads] (a broadcast), never K or V. A key the
 // query does not see contributes p = 0, as on the CPU; adding 0 is skipped.
-__global__ void attention_stats_kernel(float* DC_RESTRICT block, const float* DC_RESTRICT scores,
+template <int THREADS>
+__global__ void __launch_bounds__(THREADS)
+    attention_stats_kernel(float* DC_RESTRICT block, const float* DC_RESTRICT scores,
                                        const float4* DC_RESTRICT state,
                                        const std::int32_t* DC_RESTRICT key_pos,
                                        const std::int32_t* DC_RESTRICT obs_query_pos, int observed,
@@ -485,14 +491,16 @@ void launch_attention(const Context<cuda>& ctx, AttentionParams p, int kv_heads,
   DC_CUDA_CHECK_LAUNCH("attention_kernel");
   if (p.num_splits > 1) {
     const int threads = p.head_dim < 128 ? 64 : 128;
-    attention_combine_kernel<<<rows_total, threads, 0, ctx.stream()>>>(
+    auto combine = observed ? attention_combine_kernel<true> : attention_combine_kernel<false>;
+    combine<<<rows_total, threads, 0, ctx.stream()>>>(
         p.out, p.part_o, p.part_ml, p.part_w, p.obs_state, stats.first_observed * p.num_heads,
         rows_total, p.head_dim, p.num_splits);
     DC_CUDA_CHECK_LAUNCH("attention_combine_kernel");
   }
   if (observed) {
     constexpr int kThreads = 128;
-    attention_stats_kernel<<<unsigned(ceil_div(p.len, kThreads)), kThreads, 0, ctx.stream()>>>(
+    attention_stats_kernel<kThreads>
+        <<<unsigned(ceil_div(p.len, kThreads)), kThreads, 0, ctx.stream()>>>(
         stats.block, p.obs_scores, p.obs_state, p.key_pos, p.query_pos + stats.first_observed,
         observed, p.num_heads, p.len, p.capacity, p.window);
     DC_CUDA_CHECK_LAUNCH("attention_stats_kernel");
@@ -512,14 +520,14 @@ inline void kv_write(const Context<cuda>& ctx, float* k_cache, float* v_cache, c
            ") outside capacity ", s.capacity);
   const std::int64_t count = std::int64_t(n) * s.num_kv_heads * s.head_dim;
   constexpr int kThreads = 256;
-  cuda_detail::kv_write_kernel<<<cuda_detail::grid_for(count, kThreads, 8 * ctx.sm_count()),
-                                 kThreads, 0, ctx.stream()>>>(
+  const unsigned grid = cuda_detail::grid_for(count, kThreads, 8 * ctx.sm_count());
+  cuda_detail::kv_write_kernel<float><<<grid, kThreads, 0, ctx.stream()>>>(
       k_cache, v_cache, k, v, count, first, s.num_kv_heads, s.head_dim, s.capacity);
   DC_CUDA_CHECK_LAUNCH("kv_write_kernel");
   if (!stats) return;
-  using cuda_detail::kStatWarps;
-  cuda_detail::kv_write_stats_kernel<<<unsigned(cuda_detail::ceil_div(n, kStatWarps)),
-                                       kStatWarps * cuda_detail::kWarpSize, 0, ctx.stream()>>>(
+  constexpr int kWarps = 4;
+  cuda_detail::kv_write_stats_kernel<kWarps><<<unsigned(cuda_detail::ceil_div(n, kWarps)),
+                                               kWarps * cuda_detail::kWarpSize, 0, ctx.stream()>>>(
       stats, k, v, n, first, s.num_kv_heads, s.head_dim, s.capacity, stat_rows(s.num_heads));
   DC_CUDA_CHECK_LAUNCH("kv_write_stats_kernel");
 }

@@ -33,6 +33,13 @@ void copy_to_host(const Context<cuda>& ctx, T* dst, const T* src, std::size_t co
   DC_CUDA_CHECK(cudaStreamSynchronize(ctx.stream()));
 }
 
+// Device-to-device, stream-ordered; returns without waiting.
+template <class T>
+void copy_on_backend(const Context<cuda>& ctx, T* dst, const T* src, std::size_t count) {
+  if (!count) return;
+  DC_CUDA_CHECK(cudaMemcpyAsync(dst, src, count * sizeof(T), cudaMemcpyDeviceToDevice, ctx.stream()));
+}
+
 inline void synchronize(const Context<cuda>& ctx) {
   DC_CUDA_CHECK(cudaStreamSynchronize(ctx.stream()));
 }

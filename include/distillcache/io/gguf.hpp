@@ -465,7 +465,7 @@ class GgufFile {
   void read_kv(Cursor& c, std::uint64_t index) {
     const std::string entry = "metadata entry " + std::to_string(index);
     std::string key = c.string(entry + " key");
-    const std::string what = "metadata key '" + key + "'";
+    const std::string what = "metadata key '" + display_name(key) + "'";
     DC_CHECK(!has(key), where(), what, " appears twice");
     const auto type = c.get<std::uint32_t>(what + " type");
     GgufValue v = read_value(c, type, 0, what);
@@ -555,7 +555,7 @@ class GgufFile {
   void read_tensor_info(Cursor& c, std::uint64_t index) {
     GgufTensorInfo t;
     t.name = c.string("tensor info " + std::to_string(index) + " name");
-    const std::string what = "tensor '" + t.name + "'";
+    const std::string what = "tensor '" + display_name(t.name) + "'";
     DC_CHECK(tensor_index_.find(t.name) == tensor_index_.end(), where(), what,
              ": duplicate tensor name");
     const auto n_dims = c.get<std::uint32_t>(what + " n_dims");
@@ -620,6 +620,15 @@ class GgufFile {
     in.read(static_cast<char*>(dst), static_cast<std::streamsize>(t.nbytes));
     DC_CHECK(in && std::uint64_t(in.gcount()) == t.nbytes, where(t.name), "data truncated: expected ",
              t.nbytes, " bytes at offset ", data_start_ + t.offset);
+  }
+
+  // A key or tensor name as header messages show it: cut short, because the reader builds these
+  // message prefixes eagerly, once per array element for arrays of arrays -- with a key of
+  // megabytes that copying alone took minutes (see fuzz/README.md).
+  static std::string display_name(std::string_view name) {
+    constexpr std::size_t kMax = 96;
+    if (name.size() <= kMax) return std::string(name);
+    return std::string(name.substr(0, kMax)) + "... (" + std::to_string(name.size()) + " bytes)";
   }
 
   static std::string to_hex(std::uint32_t v) {

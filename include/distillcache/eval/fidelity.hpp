@@ -1,0 +1,91 @@
+#pragma once
+// Fidelity of evicted caches on one context: the full cache (teacher) and every (policy,
+// budget) pair (students) are teacher-forced on the same continuation, and every step's
+// next-token distributions are compared (eval/metrics.hpp).
+//
+// The prompt is prefilled once per distinct observation window and the resulting cache copied
+// into each student (EvictingDecoder::adopt_prefill), so adding policies costs decode steps,
+// not prefills. Step 0 predicts the first continuation token from the prompt's own logits, which
+// eviction after prefill cannot change; later steps see the compressed cache.
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "../cache/eviction.hpp"
+#include "../policy/baselines.hpp"
+#include "metrics.hpp"
+
+namespace dc {
+
+template <Backend B, class W>
+class FidelityEvaluator {
+ public:
+  // policies and budgets span the grid; totals()[p * budgets.size() + b] accumulates pair (p, b).
+  FidelityEvaluator(Transformer<B, W>& model, std::vector<EvictionPolicy*> policies,
+                    std::vector<Budget> budgets, EvictionMode mode)
+      : model_(model), policies_(std::move(policies)), budgets_(std::move(budgets)), mode_(mode),
+        totals_(policies_.size() * budgets_.size()) {}
+
+  // Runs one context: prompt, then the continuation teacher-forced token by token. progress is
+  // called before each student with its index.
+  template <class Progress>
+  void add_context(std::span<const std::int32_t> prompt, std::span<const std::int32_t> continuation,
+                   Progress&& progress) {
+    const int n = int(prompt.size()), steps = int(continuation.size());
+    DC_CHECK(n > 0 && steps > 0, "fidelity: empty prompt or continuation");
+    const std::size_t vocab = std::size_t(model_.config().vocab_size);
+
+    // One prefill per observation start.
+    std::map<int, std::pair<KVCache<B>, std::vector<float>>> prefilled;
+    FullCachePolicy full;
+    std::vector<EvictionPolicy*> all = policies_;
+    all.push_back(&full);
+    for (EvictionPolicy* p : all) {
+      const int start = EvictingDecoder<B, W>::observation_start(*p, n);
+      if (prefilled.count(start)) continue;
+      auto cache = model_.make_cache(n);
+      cache.set_observed_from(start);
+      auto logits = model_.forward(prompt, cache);
+      prefilled.emplace(start, std::make_pair(std::move(cache), std::move(logits)));
+    }
+    auto run = [&](EvictionPolicy& policy, const Budget& budget, std::vector<float>& rows) {
+      EvictingDecoder<B, W> dec(model_, policy, budget, mode_, n, steps);
+      const auto& [cache, logits] = prefilled.at(EvictingDecoder<B, W>::observation_start(policy, n));
+      auto out = dec.adopt_prefill(cache, logits);
+      rows.assign(out.begin(), out.end());
+      for (int t = 1; t < steps; ++t) {
+        out = dec.step(continuation[std::size_t(t - 1)]);
+        rows.insert(rows.end(), out.begin(), out.end());
+      }
+    };
+
+    std::vector<float> teacher, student;
+    run(full, Budget::of_fraction(1.0), teacher);
+    for (std::size_t p = 0; p < policies_.size(); ++p)
+      for (std::size_t b = 0; b < budgets_.size(); ++b) {
+        progress(p * budgets_.size() + b);
+        run(*policies_[p], budgets_[b], student);
+        FidelityTotals& t = totals_[p * budgets_.size() + b];
+        for (int s = 0; s < steps; ++s)
+          t.add(std::span<const float>(teacher).subspan(std::size_t(s) * vocab, vocab),
+                std::span<const float>(student).subspan(std::size_t(s) * vocab, vocab),
+                continuation[std::size_t(s)]);
+      }
+    ++contexts_;
+  }
+
+  const std::vector<FidelityTotals>& totals() const { return totals_; }
+  int contexts() const { return contexts_; }
+
+ private:
+  Transformer<B, W>& model_;
+  std::vector<EvictionPolicy*> policies_;
+  std::vector<Budget> budgets_;
+  EvictionMode mode_;
+  std::vector<FidelityTotals> totals_;
+  int contexts_ = 0;
+};
+
+}  // namespace dc

@@ -1,0 +1,98 @@
+// Fidelity metrics against exact enumeration, the corpus windowing rule, and that a shared
+// prefill adopted by EvictingDecoder behaves exactly like prefilling per policy.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <fstream>
+
+#include <distillcache/distillcache.hpp>
+
+#include "../support/temp_dir.hpp"
+
+TEST_CASE("KL, top-1 agreement and perplexity ratio equal exact enumeration") {
+  const std::vector<float> full{1.0f, 2.0f, 0.5f, -1.0f}, evicted{0.0f, 2.5f, 0.5f, 3.0f};
+  double zp = 0, zq = 0;
+  for (int i = 0; i < 4; ++i) {
+    zp += std::exp(double(full[std::size_t(i)]));
+    zq += std::exp(double(evicted[std::size_t(i)]));
+  }
+  double kl = 0;
+  for (int i = 0; i < 4; ++i) {
+    const double p = std::exp(double(full[std::size_t(i)])) / zp, q = std::exp(double(evicted[std::size_t(i)])) / zq;
+    kl += p * std::log(p / q);
+  }
+  CHECK(dc::kl_divergence(full, evicted) == doctest::Approx(kl).epsilon(1e-6));
+  CHECK(dc::kl_divergence(full, full) == 0.0);
+
+  dc::FidelityTotals t;
+  t.add(full, evicted, 1);  // argmax 1 vs 3: disagree
+  t.add(full, full, 0);
+  CHECK(t.steps == 2);
+  CHECK(t.top1_agreement() == doctest::Approx(0.5));
+  CHECK(t.kl_mean() == doctest::Approx(kl / 2).epsilon(1e-6));
+  const double nll_p = std::log(zp) - 2.0, nll_q = std::log(zq) - 2.5, nll_p0 = std::log(zp) - 1.0;
+  CHECK(t.ppl_ratio() == doctest::Approx(std::exp((nll_q + nll_p0 - nll_p - nll_p0) / 2)).epsilon(1e-6));
+  const std::vector<float> nan_row{0.0f, NAN, 0.0f, 0.0f};
+  CHECK_THROWS_WITH_AS(t.add(full, nan_row, 0), doctest::Contains("NaN"), dc::Error);
+  CHECK_THROWS_WITH_AS(t.add(full, evicted, 9), doctest::Contains("outside the vocabulary"), dc::Error);
+}
+
+TEST_CASE("token windows: sorted .txt files, back-to-back windows, remainder dropped") {
+  dc_test::TempDir dir("dc_corpus");
+  // A byte-level vocabulary: every byte is a token, so n characters give n tokens.
+  dc::TokenizerData data;
+  data.model = "gpt2";
+  data.pre = "default";
+  for (int b = 0; b < 256; ++b) {
+    // Byte-level BPE vocabularies spell byte b as GPT-2's printable code point for it.
+    std::string s;
+    dc::detail::tok::append_utf8(s, dc::detail::tok::byte_to_cp()[std::size_t(b)]);
+    data.tokens.push_back(s);
+    data.token_types.push_back(1);
+  }
+  const dc::Tokenizer tok(data);
+  std::ofstream(dir / "b.txt") << "0123456789";  // 10 tokens: windows [0,4) [4,8)
+  std::ofstream(dir / "a.txt") << "abcde";       // 5 tokens: window [0,4)
+  std::ofstream(dir / "c.md") << "ignored";
+  const auto w = dc::token_windows(tok, dir.path, 4, 10);
+  REQUIRE(w.size() == 3);
+  CHECK(tok.decode(w[0]) == "abcd");
+  CHECK(tok.decode(w[1]) == "0123");
+  CHECK(tok.decode(w[2]) == "4567");
+  CHECK(dc::token_windows(tok, dir.path, 4, 2).size() == 2);
+  CHECK_THROWS_WITH_AS(dc::token_windows(tok, dir / "missing", 4, 2), doctest::Contains("does not exist"), dc::Error);
+}
+
+TEST_CASE("adopting a shared prefill equals prefilling per policy") {
+  dc::HfModel m = dc::load_hf_model(std::string(DC_FIXTURE_DIR) + "/tiny_llama_tied");
+  dc::Transformer<dc::cpu> model(m.config, std::move(m.weights), 8);
+  dc::SafetensorsFile f(std::string(DC_FIXTURE_DIR) + "/tiny_llama_tied/oracle.safetensors");
+  const auto ids = f.read_i32("tokens");
+  const std::span<const std::int32_t> prompt = std::span(ids).first(16);
+  for (const std::string name : {"h2o", "snapkv", "tova", "knorm"}) {
+    CAPTURE(name);
+    auto policy = dc::make_baseline_policy(name);
+    dc::Budget budget = dc::Budget::of_fraction(0.5);
+    budget.chunk = 2;
+    dc::EvictingDecoder<dc::cpu> direct(model, *policy, budget, dc::EvictionMode::decode, 16, 8);
+    dc::EvictingDecoder<dc::cpu> adopted(model, *policy, budget, dc::EvictionMode::decode, 16, 8);
+    direct.prefill(prompt);
+    auto shared = model.make_cache(16);
+    shared.set_observed_from(dc::EvictingDecoder<dc::cpu>::observation_start(*policy, 16));
+    const auto logits = model.forward(prompt, shared);
+    adopted.adopt_prefill(shared, logits);
+    CHECK(direct.cache().host_positions() == adopted.cache().host_positions());
+    for (int t = 16; t < 24; ++t) {
+      const auto x = direct.step(ids[std::size_t(t)]);
+      const std::vector<float> xa(x.begin(), x.end());
+      const auto y = adopted.step(ids[std::size_t(t)]);
+      CHECK(std::equal(xa.begin(), xa.end(), y.begin()));
+    }
+    // A cache observed with the wrong window is refused.
+    auto wrong = model.make_cache(16);
+    wrong.set_observed_from(3);
+    model.forward(prompt, wrong);
+    CHECK_THROWS_WITH_AS(adopted.adopt_prefill(wrong, logits), doctest::Contains("observed queries from position 3"),
+                         dc::Error);
+  }
+}
