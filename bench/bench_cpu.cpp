@@ -12,6 +12,7 @@
 
 #include <distillcache/distillcache.hpp>
 
+#include "bench_support.hpp"
 #include "random_model.hpp"
 
 namespace {
@@ -35,27 +36,11 @@ dc::Transformer<dc::cpu>& model_for(MakeConfig make, int max_chunk) {
   return *models.back().model;
 }
 
-// Fills the cache with `context` tokens of random K/V without running the model: decode cost
-// depends on the cache length, not on how the cache was filled.
-void fill_cache(dc::KVCache<dc::cpu>& cache, int context) {
-  dc::Context<dc::cpu> ctx;
-  cache.append(ctx, context);
-  std::uint64_t s = 7;
-  for (int l = 0; l < cache.num_layers(); ++l) {
-    const std::size_t n = std::size_t(cache.num_kv_heads()) * cache.capacity() * cache.head_dim();
-    for (std::size_t i = 0; i < n; ++i) {
-      s = s * 6364136223846793005ull + 1442695040888963407ull;
-      cache.keys(l)[i] = float(s >> 40) * 0x1p-24f - 0.5f;
-      cache.values(l)[i] = float(s >> 41) * 0x1p-23f - 0.5f;
-    }
-  }
-}
-
 // One decode step at state.range(0) cached tokens, rewound after each iteration.
 void run_decode(benchmark::State& state, dc::Transformer<dc::cpu>& model) {
   const int context = int(state.range(0));
   auto cache = model.make_cache(context + 1);
-  fill_cache(cache, context);
+  dc_bench::fill_cache(cache, context);
   std::vector<float> logits(std::size_t(model.config().vocab_size));
   const std::int32_t token = 3;
   for (auto _ : state) {
@@ -87,27 +72,14 @@ void prefill_chunk(benchmark::State& state, MakeConfig make) {
 
 }  // namespace
 
-// The real SmolLM2-135M (dequantized to fp32) from $DC_SMOLLM2_GGUF or the fetch cache.
 namespace {
-dc::Transformer<dc::cpu>& smollm2_model(int max_chunk) {
-  static std::vector<std::pair<int, std::unique_ptr<dc::Transformer<dc::cpu>>>> models;
-  for (auto& [chunk, m] : models)
-    if (chunk == max_chunk) return *m;
-  std::filesystem::path path;
-  if (const char* p = std::getenv("DC_SMOLLM2_GGUF"); p && *p) path = p;
-  else path = std::filesystem::path(std::getenv("HOME") ? std::getenv("HOME") : "/") /
-              ".cache/distillcache/SmolLM2-135M-Instruct.Q4_1.gguf";
-  dc::HfModel m = dc::load_gguf_model(path);
-  models.emplace_back(max_chunk, std::make_unique<dc::Transformer<dc::cpu>>(m.config, std::move(m.weights), max_chunk));
-  return *models.back().second;
-}
 
-void smollm2_decode(benchmark::State& state) { run_decode(state, smollm2_model(1)); }
+void smollm2_decode(benchmark::State& state) { run_decode(state, dc_bench::smollm2_model(1)); }
 
 // Prefill of a whole context in chunks of 64: tokens/s over the context.
 void smollm2_prefill(benchmark::State& state) {
   const int context = int(state.range(0));
-  auto& model = smollm2_model(64);
+  auto& model = dc_bench::smollm2_model(64);
   auto cache = model.make_cache(context);
   std::vector<std::int32_t> tokens(static_cast<std::size_t>(context));
   for (int i = 0; i < context; ++i) tokens[std::size_t(i)] = 100 + (i * 7919) % 40000;
