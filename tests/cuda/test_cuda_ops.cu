@@ -424,3 +424,520 @@ TEST_CASE("Transformer<cuda, bf16> matches Transformer<cpu> on bf16-rounded weig
     check_transformer<dc::bf16>(16, 3e-2f);
   }
 }
+
+// ---- eviction: statistics, compaction -----------------------------------------------------------
+// kv_write's statistics rows, kv_compact and attention's fused statistics against the CPU; then
+// Transformer<cuda, float> against Transformer<cpu> with statistics on through prefill, decode,
+// compaction and more decode. Statistics are compared row by row by normalised error:
+//   exact  moved/copied data (kv_compact, K/V rows) and kStatQueries (sums of 1.0f),
+//   1e-5   kv_write norms,
+//   2e-5   attention statistics, as attention outputs: scores differ from the CPU's by the
+//          dot-product summation order (and FMA contraction), which e^(s - m) turns into a
+//          relative error of p of a few 1e-6 (1e-4 at 32k keys, where the CPU's sequential
+//          partition sum is itself off by ~1e-5),
+//   1e-4   end to end (cuBLAS GEMM summation order feeds q, k, v).
+
+namespace {
+
+std::vector<float> uniform_vector(std::size_t n, unsigned seed, float hi) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> uniform(0.0f, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = uniform(rng);
+  return v;
+}
+
+template <class T>
+std::vector<T> download(const Gpu& ctx, const T* device, std::size_t count) {
+  std::vector<T> host(count);
+  dc::copy_to_host(ctx, host.data(), device, count);
+  return host;
+}
+
+const char* stat_row_name(int r) {
+  switch (r) {
+    case dc::kStatMass: return "mass";
+    case dc::kStatEntropyMass: return "entropy mass";
+    case dc::kStatQueries: return "queries";
+    case dc::kStatValueNorm: return "value norm";
+    case dc::kStatKeyNorm: return "key norm";
+    case dc::kStatLastMass: return "last mass";
+    default: return "head mass";
+  }
+}
+
+// Compares two statistics blocks [rows, capacity] row by row. With `base` (the block before the
+// op), accumulated rows are compared by their increments got - base vs want - base, so a large
+// starting value cannot hide an error; kStatLastMass (overwritten) is compared directly.
+// kStatQueries must agree exactly.
+void check_stats_block(const std::vector<float>& got, const std::vector<float>& want, int rows,
+                       int capacity, float tolerance, const std::vector<float>* base = nullptr) {
+  REQUIRE(got.size() == std::size_t(rows) * capacity);
+  REQUIRE(want.size() == got.size());
+  for (int r = 0; r < rows; ++r) {
+    CAPTURE(r);
+    CAPTURE(stat_row_name(r));
+    const std::size_t at = std::size_t(r) * capacity;
+    std::vector<float> g(got.begin() + at, got.begin() + at + capacity);
+    std::vector<float> w(want.begin() + at, want.begin() + at + capacity);
+    if (r == dc::kStatQueries) {
+      CHECK(g == w);
+      continue;
+    }
+    if (base && r != dc::kStatLastMass)
+      for (int j = 0; j < capacity; ++j) {
+        g[std::size_t(j)] -= (*base)[at + std::size_t(j)];
+        w[std::size_t(j)] -= (*base)[at + std::size_t(j)];
+      }
+    CHECK(normalised_error(g, w) < tolerance);
+  }
+}
+
+}  // namespace
+
+// ---- kv_write --------------------------------------------------------------------------------
+
+TEST_CASE("cuda kv_write resets the new slots' statistics and records K/V norms like the CPU") {
+  Gpu ctx;
+  struct Case {
+    int heads, kv_heads, head_dim, capacity, n, first;
+  };
+  for (const Case c : {Case{6, 2, 16, 40, 5, 11}, Case{32, 8, 128, 300, 64, 200},
+                       Case{4, 4, 80, 10, 1, 9}, Case{3, 1, 64, 50, 50, 0}}) {
+    CAPTURE(c.heads);
+    CAPTURE(c.head_dim);
+    CAPTURE(c.n);
+    const dc::AttentionShape s{c.heads, c.kv_heads, c.head_dim, 0,
+                               1.0f / std::sqrt(float(c.head_dim)), c.capacity};
+    const int rows = dc::stat_rows(c.heads);
+    const auto k = random_vector(std::size_t(c.n) * c.kv_heads * c.head_dim, 60, 2.0f);
+    const auto v = random_vector(k.size(), 61);
+    auto kc = random_vector(std::size_t(c.kv_heads) * c.capacity * c.head_dim, 62);
+    auto vc = random_vector(kc.size(), 63);
+    auto stats = uniform_vector(std::size_t(rows) * c.capacity, 64, 5.0f);  // old values
+    auto kc_d = upload(ctx, kc);
+    auto vc_d = upload(ctx, vc);
+    auto stats_d = upload(ctx, stats);
+    auto k_d = upload(ctx, k);
+    auto v_d = upload(ctx, v);
+    dc::kv_write(kCpu, kc.data(), vc.data(), k.data(), v.data(), c.n, c.first, s, stats.data());
+    dc::kv_write(ctx, kc_d.data(), vc_d.data(), k_d.data(), v_d.data(), c.n, c.first, s,
+                 stats_d.data());
+    CHECK(normalised_error(download(ctx, kc_d), kc) == 0.0f);
+    CHECK(normalised_error(download(ctx, vc_d), vc) == 0.0f);
+    const auto got = download(ctx, stats_d);
+    // Rows other than the norms must be exact (zeros in the new slots, untouched elsewhere).
+    for (int r = 0; r < rows; ++r) {
+      CAPTURE(r);
+      const std::size_t at = std::size_t(r) * c.capacity;
+      const std::span<const float> g(got.data() + at, std::size_t(c.capacity));
+      const std::span<const float> w(stats.data() + at, std::size_t(c.capacity));
+      if (r == dc::kStatKeyNorm || r == dc::kStatValueNorm) {
+        CHECK(normalised_error(g, w) < 1e-5f);
+      } else {
+        CHECK(std::equal(g.begin(), g.end(), w.begin()));
+      }
+    }
+  }
+}
+
+// ---- kv_compact ------------------------------------------------------------------------------
+
+namespace {
+
+struct CompactCase {
+  std::string name;
+  int kv_heads, head_dim, heads, capacity, len;
+  std::vector<std::int32_t> keep;
+};
+
+// Fills a buffer with sign * (offset + i mod 2^22), exact in fp32 (a half-integer offset keeps
+// 1 bit below the point), and fast enough for 40M floats.
+std::vector<float> distinct_values(std::size_t n, float offset, float sign = 1.0f) {
+  std::vector<float> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = sign * (offset + float(i % 4194304));
+  return v;
+}
+
+void check_compact(const CompactCase& c) {
+  CAPTURE(c.name);
+  Gpu ctx;
+  const int rows = dc::stat_rows(c.heads);
+  const std::size_t kv = std::size_t(c.kv_heads) * c.capacity * c.head_dim;
+  auto kc = distinct_values(kv, 0.0f);
+  auto vc = distinct_values(kv, 0.5f, -1.0f);
+  auto stats = distinct_values(std::size_t(rows) * c.capacity, 0.5f);
+  auto kc_d = upload(ctx, kc);
+  auto vc_d = upload(ctx, vc);
+  auto stats_d = upload(ctx, stats);
+  dc::kv_compact(kCpu, kc.data(), vc.data(), stats.data(), c.kv_heads, c.head_dim, rows,
+                 c.capacity, c.keep);
+  {
+    // The keep-set lives in a temporary the GPU call must not read after it returns.
+    std::vector<std::int32_t> keep = c.keep;
+    dc::kv_compact(ctx, kc_d.data(), vc_d.data(), stats_d.data(), c.kv_heads, c.head_dim, rows,
+                   c.capacity, keep);
+    std::fill(keep.begin(), keep.end(), -1);
+  }
+  CHECK(download(ctx, kc_d) == kc);
+  CHECK(download(ctx, vc_d) == vc);
+  CHECK(download(ctx, stats_d) == stats);
+}
+
+std::vector<std::int32_t> iota_keep(int begin, int end) {
+  std::vector<std::int32_t> k;
+  for (int i = begin; i < end; ++i) k.push_back(i);
+  return k;
+}
+
+std::vector<std::int32_t> random_keep(int len, double fraction, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::bernoulli_distribution take(fraction);
+  std::vector<std::int32_t> k;
+  for (int i = 0; i < len; ++i)
+    if (take(rng)) k.push_back(i);
+  return k;
+}
+
+}  // namespace
+
+TEST_CASE("cuda kv_compact moves K, V and statistics rows exactly like the CPU") {
+  const int len = 300, cap = 320;
+  auto all_but = [&](int drop) {
+    auto k = iota_keep(0, len);
+    k.erase(k.begin() + drop);
+    return k;
+  };
+  const std::vector<CompactCase> cases = {
+      {"identity", 2, 16, 6, cap, len, iota_keep(0, len)},
+      {"empty keep", 2, 16, 6, cap, len, {}},
+      {"keep of one (the last slot)", 2, 16, 6, cap, len, {len - 1}},
+      {"keep of one (slot 0)", 2, 16, 6, cap, len, {0}},
+      {"all but the first", 2, 16, 6, cap, len, all_but(0)},
+      {"all but a middle slot", 2, 64, 4, cap, len, all_but(137)},
+      {"all but the last (a truncation)", 2, 64, 4, cap, len, all_but(len - 1)},
+      {"random half, hd 128, GQA", 8, 128, 32, cap, len, random_keep(len, 0.5, 1)},
+      {"random tenth, hd 80", 3, 80, 6, cap, len, random_keep(len, 0.1, 2)},
+      {"recent window", 2, 16, 6, cap, len, iota_keep(len - 50, len)},
+  };
+  for (const auto& c : cases) check_compact(c);
+}
+
+TEST_CASE("cuda kv_compact batches long caches without races") {
+  // 8 KV heads x 128 dims + 38 statistics rows = 8.3 KB per slot: 20000 moved slots span
+  // several 64 MiB scratch batches, and the keep-set's gaps are 1 (sources overlap destinations).
+  const int len = 20000, cap = 20000;
+  std::vector<std::int32_t> keep;
+  for (int i = 0; i < len; ++i)
+    if (i % 7 != 3) keep.push_back(i);
+  check_compact({"20000 slots, drop every 7th", 8, 128, 32, cap, len, keep});
+}
+
+// ---- attention statistics --------------------------------------------------------------------
+
+namespace {
+
+struct StatsCase {
+  const char* name;
+  int n, len, heads, kv_heads, head_dim, window;
+  bool compacted;      // key positions: a sorted random subset of [0, 2*len)
+  int first_observed;  // queries t >= first_observed are observed
+  int offset = 0;      // K/V cache pointers start this many floats into their buffers
+  float tolerance = 2e-5f;
+};
+
+void check_attention_stats(const StatsCase& c) {
+  CAPTURE(c.name);
+  Gpu ctx;
+  const int capacity = c.len + 7;
+  const dc::AttentionShape s{c.heads, c.kv_heads, c.head_dim, c.window,
+                             1.0f / std::sqrt(float(c.head_dim)), capacity};
+  const int rows = dc::stat_rows(c.heads);
+
+  std::vector<std::int32_t> key_pos(std::size_t(c.len));
+  if (c.compacted) {
+    std::mt19937 rng(70 + unsigned(c.len));
+    std::vector<std::int32_t> all(std::size_t(2 * c.len));
+    for (int i = 0; i < 2 * c.len; ++i) all[std::size_t(i)] = i;
+    std::shuffle(all.begin(), all.end(), rng);
+    std::copy(all.begin(), all.begin() + c.len, key_pos.begin());
+    std::sort(key_pos.begin(), key_pos.end());
+  } else {
+    for (int j = 0; j < c.len; ++j) key_pos[std::size_t(j)] = j;
+  }
+  std::vector<std::int32_t> query_pos(key_pos.end() - c.n, key_pos.end());
+
+  const std::size_t cache_size = std::size_t(c.kv_heads) * capacity * c.head_dim;
+  auto kc = random_vector(cache_size, 80, 1.5f);
+  auto vc = random_vector(cache_size, 81);
+  for (int h = 0; h < c.kv_heads; ++h)  // slots past len hold NaN: they must never be read
+    for (int j = c.len; j < capacity; ++j)
+      for (int i = 0; i < c.head_dim; ++i) {
+        const std::size_t idx = (std::size_t(h) * capacity + j) * c.head_dim + i;
+        kc[idx] = vc[idx] = std::numeric_limits<float>::quiet_NaN();
+      }
+  const auto q = random_vector(std::size_t(c.n) * c.heads * c.head_dim, 82, 1.5f);
+  // Earlier accumulations: attention must add to them (and overwrite kStatLastMass).
+  const auto base = uniform_vector(std::size_t(rows) * capacity, 83, 2.0f);
+
+  std::vector<float> want(q.size());
+  auto want_stats = base;
+  dc::attention(kCpu, want.data(), q.data(), kc.data(), vc.data(), key_pos.data(), c.len,
+                query_pos.data(), c.n, s, dc::AttentionStats{want_stats.data(), c.first_observed});
+
+  auto q_d = upload(ctx, q);
+  kc.insert(kc.begin(), std::size_t(c.offset), 0.0f);
+  vc.insert(vc.begin(), std::size_t(c.offset), 0.0f);
+  auto kc_d = upload(ctx, kc);
+  auto vc_d = upload(ctx, vc);
+  auto kp_d = upload(ctx, key_pos);
+  auto qp_d = upload(ctx, query_pos);
+  auto stats_d = upload(ctx, base);
+  dc::Tensor<float, dc::cuda> out_d(dc::Shape{std::int64_t(q.size())});
+  dc::attention(ctx, out_d.data(), q_d.data(), kc_d.data() + c.offset, vc_d.data() + c.offset,
+                kp_d.data(), c.len, qp_d.data(), c.n, s,
+                dc::AttentionStats{stats_d.data(), c.first_observed});
+  CHECK(normalised_error(download(ctx, out_d), want) < c.tolerance);
+  check_stats_block(download(ctx, stats_d), want_stats, rows, capacity, c.tolerance, &base);
+
+  // Determinism: the same call again adds exactly the same increments.
+  auto stats2_d = upload(ctx, base);
+  dc::attention(ctx, out_d.data(), q_d.data(), kc_d.data() + c.offset, vc_d.data() + c.offset,
+                kp_d.data(), c.len, qp_d.data(), c.n, s,
+                dc::AttentionStats{stats2_d.data(), c.first_observed});
+  CHECK(download(ctx, stats2_d) == download(ctx, stats_d));
+}
+
+}  // namespace
+
+TEST_CASE("cuda attention statistics match the CPU: decode, chunks, windows, GQA, splits") {
+  // Decode (few rows) takes the key-split path with a combine on any large GPU; chunks of 64+
+  // rows per KV head fill the GPU without splitting.
+  const StatsCase cases[] = {
+      {"decode, MHA, hd 64 (split)", 1, 3000, 4, 4, 64, 0, false, 0},
+      {"decode, GQA 3, hd 64, window 512", 1, 3000, 6, 2, 64, 512, false, 0},
+      {"decode, GQA 3, hd 16 (padded)", 1, 3000, 6, 2, 16, 0, false, 0},
+      {"decode, GQA 1, hd 128", 1, 2000, 8, 8, 128, 0, false, 0},
+      {"decode not observed (first_observed = n)", 1, 1000, 6, 2, 64, 0, false, 1},
+      {"chunk 16, GQA 3, hd 64, observed from 8", 16, 3000, 6, 2, 64, 0, false, 8},
+      {"chunk 16, MHA, hd 16, window 100, observed from 5", 16, 2000, 4, 4, 16, 100, false, 5},
+      {"chunk 16, GQA 3, hd 128, all observed", 16, 2500, 6, 2, 128, 0, false, 0},
+      {"compacted decode, GQA 3, hd 64", 1, 1500, 6, 2, 64, 0, true, 0},
+      {"compacted chunk 16, GQA 3, hd 64, window 700, from 10", 16, 1500, 6, 2, 64, 700, true, 10},
+      {"compacted chunk 16, MHA, hd 16, window 8, from 3", 16, 1500, 4, 4, 16, 8, true, 3},
+      {"Mistral decode, GQA 4, hd 128, window 4096", 1, 4100, 32, 8, 128, 4096, false, 0},
+      {"Mistral chunk 128 (one split), hd 128, from 64", 128, 600, 32, 8, 128, 0, false, 64},
+      {"chunk 64, GQA 4, hd 64, len 3000, from 0", 64, 3000, 32, 8, 64, 0, false, 0},
+      {"hd 80 (padded to 128), GQA 2, from 1", 3, 777, 4, 2, 80, 0, false, 1},
+      {"short cache shorter than a tile", 5, 5, 3, 1, 64, 0, false, 2},
+      {"unaligned K/V (scalar loads), from 2", 4, 500, 4, 2, 64, 0, false, 2, 1},
+      // The CPU sums 32k exponentials one by one: its partition sum alone is off by ~1e-5.
+      {"decode at 32k, GQA 4, hd 64", 1, 32768, 8, 2, 64, 0, false, 0, 0, 1e-4f},
+  };
+  for (const auto& c : cases) check_attention_stats(c);
+}
+
+TEST_CASE("cuda attention statistics of queries that see no key are zero, like the CPU") {
+  Gpu ctx;
+  const int len = 40, n = 3, hd = 64, heads = 2;
+  const dc::AttentionShape s{heads, 1, hd, 4, 0.125f, len};
+  const int rows = dc::stat_rows(heads);
+  std::vector<std::int32_t> key_pos(len);
+  for (int j = 0; j < len; ++j) key_pos[std::size_t(j)] = 100 + j;
+  // Before every key; past every window; sees the last 4 keys (and is the last query).
+  const std::vector<std::int32_t> query_pos{5, 300, 139};
+  const auto q = random_vector(std::size_t(n) * heads * hd, 90);
+  const auto kc = random_vector(std::size_t(len) * hd, 91);
+  const auto vc = random_vector(kc.size(), 92);
+  const auto base = uniform_vector(std::size_t(rows) * len, 93, 1.0f);
+  std::vector<float> want(q.size()), want_stats = base;
+  dc::attention(kCpu, want.data(), q.data(), kc.data(), vc.data(), key_pos.data(), len,
+                query_pos.data(), n, s, dc::AttentionStats{want_stats.data(), 0});
+  auto q_d = upload(ctx, q);
+  auto kc_d = upload(ctx, kc);
+  auto vc_d = upload(ctx, vc);
+  auto kp_d = upload(ctx, key_pos);
+  auto qp_d = upload(ctx, query_pos);
+  auto stats_d = upload(ctx, base);
+  dc::Tensor<float, dc::cuda> out_d(dc::Shape{std::int64_t(q.size())});
+  dc::attention(ctx, out_d.data(), q_d.data(), kc_d.data(), vc_d.data(), kp_d.data(), len,
+                qp_d.data(), n, s, dc::AttentionStats{stats_d.data(), 0});
+  CHECK(normalised_error(download(ctx, out_d), want) < 2e-5f);
+  check_stats_block(download(ctx, stats_d), want_stats, rows, len, 2e-5f, &base);
+}
+
+TEST_CASE("cuda attention statistics on a cache compacted by kv_compact") {
+  // Write 400 tokens with kv_write (statistics on), accumulate a prefill chunk, compact to a
+  // random keep-set on both backends, then accumulate a decode step over the compacted slots.
+  Gpu ctx;
+  const int heads = 8, kv_heads = 2, hd = 64, cap = 512, len = 400;
+  const dc::AttentionShape s{heads, kv_heads, hd, 0, 0.125f, cap};
+  const int rows = dc::stat_rows(heads);
+  const auto k = random_vector(std::size_t(len) * kv_heads * hd, 120, 1.5f);
+  const auto v = random_vector(k.size(), 121);
+  const auto q = random_vector(std::size_t(len) * heads * hd, 122, 1.5f);
+  std::vector<std::int32_t> pos(len);
+  for (int j = 0; j < len; ++j) pos[std::size_t(j)] = j;
+
+  std::vector<float> kc(std::size_t(kv_heads) * cap * hd, 0.0f), vc = kc;
+  std::vector<float> st(std::size_t(rows) * cap, 0.0f);
+  auto kc_d = upload(ctx, kc);
+  auto vc_d = upload(ctx, vc);
+  auto st_d = upload(ctx, st);
+  auto k_d = upload(ctx, k);
+  auto v_d = upload(ctx, v);
+  auto q_d = upload(ctx, q);
+  auto pos_d = upload(ctx, pos);
+  dc::kv_write(kCpu, kc.data(), vc.data(), k.data(), v.data(), len, 0, s, st.data());
+  dc::kv_write(ctx, kc_d.data(), vc_d.data(), k_d.data(), v_d.data(), len, 0, s, st_d.data());
+
+  // Prefill: the last 64 of 400 queries, observed from the 32nd of them.
+  const int n = 64, t0 = len - n;
+  std::vector<float> out(std::size_t(n) * heads * hd);
+  dc::Tensor<float, dc::cuda> out_d(dc::Shape{std::int64_t(out.size())});
+  dc::attention(kCpu, out.data(), q.data() + std::size_t(t0) * heads * hd, kc.data(), vc.data(),
+                pos.data(), len, pos.data() + t0, n, s, dc::AttentionStats{st.data(), 32});
+  dc::attention(ctx, out_d.data(), q_d.data() + std::size_t(t0) * heads * hd, kc_d.data(),
+                vc_d.data(), pos_d.data(), len, pos_d.data() + t0, n, s,
+                dc::AttentionStats{st_d.data(), 32});
+  CHECK(normalised_error(download(ctx, out_d), out) < 2e-5f);
+  check_stats_block(download(ctx, st_d), st, rows, cap, 2e-5f);
+
+  // Compact both to the same keep-set (the GPU's statistics stay on the GPU).
+  const auto keep = random_keep(len, 0.4, 9);
+  REQUIRE(keep.back() == len - 1);  // the decoding query's own slot stays
+  dc::kv_compact(kCpu, kc.data(), vc.data(), st.data(), kv_heads, hd, rows, cap, keep);
+  dc::kv_compact(ctx, kc_d.data(), vc_d.data(), st_d.data(), kv_heads, hd, rows, cap, keep);
+  std::vector<std::int32_t> kept_pos;
+  for (const auto i : keep) kept_pos.push_back(pos[std::size_t(i)]);
+  auto kept_pos_d = upload(ctx, kept_pos);
+  CHECK(download(ctx, kc_d) == kc);
+  CHECK(download(ctx, vc_d) == vc);
+  check_stats_block(download(ctx, st_d), st, rows, cap, 2e-5f);
+
+  // Decode over the compacted cache: query = the last token, at its original position.
+  const int m = int(keep.size());
+  std::vector<float> out1(std::size_t(heads) * hd);
+  const float* q_last = q.data() + std::size_t(len - 1) * heads * hd;
+  const auto before = download(ctx, st_d);
+  dc::attention(kCpu, out1.data(), q_last, kc.data(), vc.data(), kept_pos.data(), m,
+                kept_pos.data() + m - 1, 1, s, dc::AttentionStats{st.data(), 0});
+  dc::attention(ctx, out_d.data(), q_d.data() + std::size_t(len - 1) * heads * hd, kc_d.data(),
+                vc_d.data(), kept_pos_d.data(), m, kept_pos_d.data() + m - 1, 1, s,
+                dc::AttentionStats{st_d.data(), 0});
+  CHECK(normalised_error(download(ctx, out_d.data(), out1.size()), out1) < 2e-5f);
+  check_stats_block(download(ctx, st_d), st, rows, cap, 2e-5f, &before);
+}
+
+// ---- end to end --------------------------------------------------------------------------------
+
+namespace {
+
+dc::ModelConfig eviction_config(int window) {
+  dc::ModelConfig c = tiny_config();
+  c.sliding_window = window;
+  return c;
+}
+
+void check_caches(const Gpu& ctx, const dc::KVCache<dc::cpu>& cpu, const dc::KVCache<dc::cuda>& gpu,
+                  float tolerance) {
+  REQUIRE(cpu.num_layers() == gpu.num_layers());
+  const int rows = dc::stat_rows(cpu.num_heads()), cap = cpu.capacity();
+  for (int l = 0; l < cpu.num_layers(); ++l) {
+    CAPTURE(l);
+    const int len = cpu.length(l);
+    REQUIRE(gpu.length(l) == len);
+    CHECK(gpu.host_positions(l) == cpu.host_positions(l));
+    const auto pos = download(ctx, gpu.positions(l), std::size_t(len));
+    CHECK(std::equal(pos.begin(), pos.end(), cpu.positions(l)));
+    // K/V of the used slots of every head (slots never written hold uninitialised memory).
+    const std::size_t hd = std::size_t(cpu.head_dim());
+    const std::size_t kv = std::size_t(cpu.num_kv_heads()) * cap * hd;
+    const auto keys = download(ctx, gpu.keys(l), kv), values = download(ctx, gpu.values(l), kv);
+    for (int h = 0; h < cpu.num_kv_heads(); ++h) {
+      const std::size_t at = std::size_t(h) * cap * hd, used = std::size_t(len) * hd;
+      CHECK(normalised_error(std::span(keys.data() + at, used), std::span(cpu.keys(l) + at, used)) <
+            tolerance);
+      CHECK(normalised_error(std::span(values.data() + at, used),
+                             std::span(cpu.values(l) + at, used)) < tolerance);
+    }
+    const std::size_t block = std::size_t(rows) * cap;
+    check_stats_block(download(ctx, gpu.stats(l), block),
+                      std::vector<float>(cpu.stats(l), cpu.stats(l) + block), rows, cap, tolerance);
+  }
+}
+
+// Prefill 20 tokens (calls of 13 and 7; statistics observed from position 10, so the first chunk
+// is observed from its 11th query), 5 decode steps, compaction, 5 more decode steps, per-layer
+// compaction, 3 more decode steps: logits, positions, K/V and every statistics block compared
+// after each call.
+void check_transformer_with_eviction(int window) {
+  CAPTURE(window);
+  const dc::ModelConfig cfg = eviction_config(window);
+  constexpr unsigned kSeed = 4321;
+  constexpr float kTolerance = 1e-4f;
+  dc::Transformer<dc::cpu> reference(cfg, random_weights(cfg, kSeed, false), 16);
+  dc::Weights<dc::cuda, float> device_weights;
+  {
+    Gpu upload_ctx;
+    device_weights = dc::upload_weights<float>(random_weights(cfg, kSeed, false), upload_ctx);
+  }
+  dc::Transformer<dc::cuda, float> model(cfg, std::move(device_weights), 16);
+  const Gpu& ctx = model.context();
+
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<std::int32_t> token(0, cfg.vocab_size - 1);
+  std::vector<std::int32_t> tokens(40);
+  for (auto& t : tokens) t = token(rng);
+  const std::span<const std::int32_t> all(tokens);
+
+  auto cache_cpu = reference.make_cache(64);
+  auto cache_gpu = model.make_cache(64);
+  cache_cpu.set_observed_from(10);
+  cache_gpu.set_observed_from(10);
+  int next = 0;
+  auto step = [&](int count, dc::LogitsFor which) {
+    CAPTURE(next);
+    const auto chunk = all.subspan(std::size_t(next), std::size_t(count));
+    const auto want = reference.forward(chunk, cache_cpu, which);
+    const auto got = model.forward(chunk, cache_gpu, which);
+    next += count;
+    CHECK(normalised_error(got, want) < kTolerance);
+    check_caches(ctx, cache_cpu, cache_gpu, kTolerance);
+  };
+  step(13, dc::LogitsFor::all);
+  step(7, dc::LogitsFor::all);
+  for (int i = 0; i < 5; ++i) step(1, dc::LogitsFor::last);
+  REQUIRE(cache_gpu.length() == 25);
+
+  // Shared keep-set: drop a third of the slots, keep the newest.
+  std::vector<std::int32_t> keep;
+  for (int i = 0; i < 25; ++i)
+    if (i % 3 != 1 || i >= 22) keep.push_back(i);
+  cache_cpu.compact(kCpu, keep);
+  cache_gpu.compact(ctx, keep);
+  check_caches(ctx, cache_cpu, cache_gpu, kTolerance);
+  for (int i = 0; i < 5; ++i) step(1, dc::LogitsFor::last);
+
+  // Per-layer keep-sets: layers of different lengths.
+  const int len = cache_gpu.length(0);
+  const std::vector<std::int32_t> keep0 = iota_keep(len - 8, len);  // a recent window
+  std::vector<std::int32_t> keep1;
+  for (int i = 0; i < len; ++i)
+    if (i % 2 == 0 || i == len - 1) keep1.push_back(i);
+  cache_cpu.compact_layer(kCpu, 0, keep0);
+  cache_gpu.compact_layer(ctx, 0, keep0);
+  cache_cpu.compact_layer(kCpu, 1, keep1);
+  cache_gpu.compact_layer(ctx, 1, keep1);
+  check_caches(ctx, cache_cpu, cache_gpu, kTolerance);
+  for (int i = 0; i < 3; ++i) step(1, dc::LogitsFor::last);
+  // A two-token chunk, all observed, over the compacted layers.
+  step(2, dc::LogitsFor::all);
+}
+
+}  // namespace
+
+TEST_CASE("Transformer<cuda, float> matches Transformer<cpu> with statistics and compaction") {
+  SUBCASE("sliding window 8") { check_transformer_with_eviction(8); }
+  SUBCASE("no window") { check_transformer_with_eviction(0); }
+}

@@ -24,7 +24,7 @@ __global__ void embedding_kernel(float* DC_RESTRICT out, const std::int32_t* DC_
   for (int i = threadIdx.x; i < d; i += blockDim.x) o[i] = load_float(row + i);
 }
 
-__global__ void swiglu_kernel(float* gate, const float* up, std::int64_t count) {
+static __global__ void swiglu_kernel(float* gate, const float* up, std::int64_t count) {
   const std::int64_t stride = std::int64_t(gridDim.x) * blockDim.x;
   for (std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride)
     gate[i] = math::swiglu(gate[i], up[i]);

@@ -138,7 +138,7 @@ void gemv(const Context<cuda>& ctx, float* y, const float* x, const W* w, int n,
   }
 }
 
-__global__ void float_to_bf16_kernel(__nv_bfloat16* DC_RESTRICT dst, const float* DC_RESTRICT src,
+static __global__ void float_to_bf16_kernel(__nv_bfloat16* DC_RESTRICT dst, const float* DC_RESTRICT src,
                                      std::int64_t count) {
   const std::int64_t stride = std::int64_t(gridDim.x) * blockDim.x;
   for (std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride)

@@ -26,7 +26,7 @@ struct RopeFrequencies {
 
 // One block per token: its cos/sin table goes to shared memory once, then every head's pairs
 // (query heads first, then key heads) are rotated by the block's threads.
-__global__ void rope_kernel(float* q, float* k, const std::int32_t* DC_RESTRICT pos, int q_heads,
+static __global__ void rope_kernel(float* q, float* k, const std::int32_t* DC_RESTRICT pos, int q_heads,
                             int kv_heads, int head_dim, const RopeFrequencies freqs) {
   extern __shared__ float cs[];  // [pairs][2]: cos, sin
   const int t = blockIdx.x;

@@ -1,0 +1,24 @@
+// Buffers and copies on the device, in a second translation unit that includes the whole CUDA
+// backend: it also proves distillcache.cuh can be included from several .cu files of one program
+// (no duplicate kernel symbols at link time).
+#include <doctest/doctest.h>
+
+#include <numeric>
+#include <vector>
+
+#include <distillcache/distillcache.cuh>
+
+TEST_CASE("device buffers round-trip through host and device-to-device copies") {
+  dc::Context<dc::cuda> ctx;
+  std::vector<float> host(1000);
+  std::iota(host.begin(), host.end(), 0.5f);
+  dc::Buffer<float, dc::cuda> a(host.size()), b(host.size());
+  dc::copy_to_backend(ctx, a.data(), host.data(), host.size());
+  dc::copy_on_backend(ctx, b.data(), a.data(), host.size());
+  std::vector<float> back(host.size(), -1.0f);
+  dc::copy_to_host(ctx, back.data(), b.data(), back.size());
+  CHECK(back == host);
+  b.fill_zero();
+  dc::copy_to_host(ctx, back.data(), b.data(), back.size());
+  CHECK(std::all_of(back.begin(), back.end(), [](float v) { return v == 0.0f; }));
+}
