@@ -14,8 +14,9 @@ static int run_cuda_as(dc::HfModel& model, const GenerateOptions& opt,
   auto weights = dc::upload_weights<W>(model.weights, upload_ctx);
   dc::synchronize(upload_ctx);
   dc::Transformer<dc::cuda, W> transformer(model.config, std::move(weights), opt.max_chunk);
+  const auto policy = make_policy(opt);
   const auto result = generate(transformer, opt.prompt, opt.max_new_tokens, opt.sampling, opt.seed,
-                               stop_token(tokenizer));
+                               stop_token(tokenizer), *policy, make_budget(opt));
   print_result(result, opt.dtype == "bf16" ? "cuda (bf16 weights)" : "cuda (f32 weights)",
                tokenizer);
   return 0;

@@ -21,8 +21,9 @@ int run_cpu(dc::HfModel model, const GenerateOptions& opt, const dc::Tokenizer* 
   DC_CHECK(opt.dtype == "f32", "the CPU backend computes in f32; --dtype ", opt.dtype,
            " is for --device cuda");
   dc::Transformer<dc::cpu> transformer(model.config, std::move(model.weights), opt.max_chunk);
+  const auto policy = make_policy(opt);
   const auto result = generate(transformer, opt.prompt, opt.max_new_tokens, opt.sampling, opt.seed,
-                               stop_token(tokenizer));
+                               stop_token(tokenizer), *policy, make_budget(opt));
   print_result(result, "cpu", tokenizer);
   return 0;
 }
@@ -75,6 +76,8 @@ int main(int argc, char** argv) {
   app.add_option("--dtype", opt.dtype, "weight storage on cuda: f32 or bf16")
       ->check(CLI::IsMember({"f32", "bf16"}));
   app.add_option("--max-chunk", opt.max_chunk, "prefill chunk size")->check(CLI::Range(1, 8192));
+  app.add_option("--policy", opt.policy, "KV-cache eviction: full, random, streaming, h2o, snapkv, tova, knorm");
+  app.add_option("--budget", opt.budget, "fraction of the prompt the cache keeps (with --policy)");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -96,6 +99,7 @@ int main(int argc, char** argv) {
     } else {
       opt.prompt = parse_token_list(tokens);
     }
+    make_budget(opt).resolve(static_cast<int>(opt.prompt.size()));  // fail before any output
     const dc::Tokenizer* tok = tokenizer ? &*tokenizer : nullptr;
     if (tok) std::printf("%s", prompt_text.c_str());
     if (opt.device == "cuda") {

@@ -7,6 +7,9 @@
 #include <distillcache/io/hf_checkpoint.hpp>
 #include <distillcache/io/tokenizer.hpp>
 #include <distillcache/model/sampling.hpp>
+#include <distillcache/policy/baselines.hpp>
+#include <distillcache/cache/budget.hpp>
+#include <memory>
 
 namespace dc_examples {
 
@@ -19,7 +22,15 @@ struct GenerateOptions {
   std::string device = "cpu";
   std::string dtype = "f32";  // weight storage on CUDA: f32 or bf16
   int max_chunk = 64;
+  std::string policy = "full";  // eviction policy (baselines by name)
+  double budget = 1.0;          // fraction of the prompt kept
 };
+
+// The eviction policy and budget the options ask for.
+inline std::unique_ptr<dc::EvictionPolicy> make_policy(const GenerateOptions& opt) {
+  return dc::make_baseline_policy(opt.policy, opt.seed);
+}
+inline dc::Budget make_budget(const GenerateOptions& opt) { return dc::Budget::of_fraction(opt.budget); }
 
 // Each runs the generation and prints the result (as text when a tokenizer is given);
 // returns the process exit status.

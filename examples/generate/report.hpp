@@ -27,6 +27,8 @@ inline void print_result(const GenerationResult& r, const char* device,
               "(%.1f tokens/s)\n",
               device, r.prompt_tokens, r.prefill_seconds, prefill_tps, steps, r.decode_seconds,
               decode_tps);
+  std::printf("KV cache at the end: %d tokens, %.2f MiB, after %d evictions\n", r.cache_tokens,
+              double(r.cache_bytes) / (1024.0 * 1024.0), r.evictions);
 }
 
 }  // namespace dc_examples
