@@ -100,6 +100,7 @@ int main(int argc, char** argv) {
       opt.prompt = parse_token_list(tokens);
     }
     make_budget(opt).resolve(static_cast<int>(opt.prompt.size()));  // fail before any output
+    make_policy(opt);
     const dc::Tokenizer* tok = tokenizer ? &*tokenizer : nullptr;
     if (tok) std::printf("%s", prompt_text.c_str());
     if (opt.device == "cuda") {
