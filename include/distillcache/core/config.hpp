@@ -13,6 +13,14 @@
 #define DC_COMPILING_CUDA 0
 #endif
 
+// Placed before a DC_HD function template that calls a functor: the functor is host-only when
+// the CPU backend instantiates it and device-only in a kernel, and nvcc must accept both.
+#if defined(__CUDACC__)
+#define DC_EXEC_CHECK_DISABLE _Pragma("nv_exec_check_disable")
+#else
+#define DC_EXEC_CHECK_DISABLE
+#endif
+
 // Restrict-qualified pointers help the CPU loops vectorise; nvcc and g++/clang share the spelling.
 #define DC_RESTRICT __restrict__
 

@@ -147,22 +147,13 @@ inline void attention(const Context<cpu>&, float* out, const float* q, const flo
   const std::int64_t cap = s.capacity;
   DC_OMP(parallel for schedule(static) if (len > 4096))
   for (int j = 0; j < len; ++j) {
-    float mass = 0.0f, entropy_mass = 0.0f, queries = 0.0f, last = 0.0f;
-    for (int r = 0; r < observed; ++r) {
-      const int t = n - observed + r;
-      if (math::attends(query_pos[t], key_pos[j], s.window)) queries += 1.0f;
-      for (int h = 0; h < s.num_heads; ++h) {
-        const float p = probs[(std::size_t(r) * s.num_heads + h) * len + std::size_t(j)];
-        mass += p;
-        entropy_mass += p * entropy[std::size_t(r) * s.num_heads + h];
-        block[(kStatHeadMass + h) * cap + j] += p;
-        if (r == observed - 1) last += p;
-      }
-    }
-    block[kStatMass * cap + j] += mass;
-    block[kStatEntropyMass * cap + j] += entropy_mass;
-    block[kStatQueries * cap + j] += queries;
-    block[kStatLastMass * cap + j] = last;
+    math::fold_slot_statistics(
+        block, cap, j, observed, s.num_heads,
+        [&](int r) { return math::attends(query_pos[n - observed + r], key_pos[j], s.window); },
+        [&](int r, int h, float& p, float& row_entropy) {
+          p = probs[(std::size_t(r) * s.num_heads + h) * len + std::size_t(j)];
+          row_entropy = entropy[std::size_t(r) * s.num_heads + h];
+        });
   }
 }
 

@@ -407,24 +407,15 @@ __global__ void __launch_bounds__(THREADS)
   if (j >= len) return;
   const std::int64_t cap = capacity;
   const int key = key_pos[j];
-  float mass = 0.0f, entropy_mass = 0.0f, queries = 0.0f, last = 0.0f;
-  for (int r = 0; r < observed; ++r) {
-    if (!math::attends(obs_query_pos[r], key, window)) continue;  // p = 0 for every head
-    queries += 1.0f;
-    for (int h = 0; h < num_heads; ++h) {
-      const std::int64_t row = std::int64_t(r) * num_heads + h;
-      const float4 st = state[row];
-      const float p = expf(scores[row * len + j] - st.x) * st.y;
-      mass += p;
-      entropy_mass += p * st.z;
-      block[(kStatHeadMass + h) * cap + j] += p;
-      if (r == observed - 1) last += p;
-    }
-  }
-  block[kStatMass * cap + j] += mass;
-  block[kStatEntropyMass * cap + j] += entropy_mass;
-  block[kStatQueries * cap + j] += queries;
-  block[kStatLastMass * cap + j] = last;
+  math::fold_slot_statistics(
+      block, cap, j, observed, num_heads,
+      [&](int r) { return math::attends(obs_query_pos[r], key, window); },
+      [&](int r, int h, float& p, float& row_entropy) {
+        const std::int64_t row = std::int64_t(r) * num_heads + h;
+        const float4 st = state[row];
+        p = expf(scores[row * len + j] - st.x) * st.y;
+        row_entropy = st.z;
+      });
 }
 
 // Carves one workspace request into 16-byte aligned float sections (a single workspace() call:

@@ -61,5 +61,32 @@ DC_HD float variance_from_sums(float sum, float sum_squares, int n) {
   return v > 0.0f ? v : 0.0f;
 }
 
+// Folds the observed queries' attention to one slot into that slot's statistics, in the fixed
+// order (observed query r, then head h) both backends use, so their sums agree and do not depend
+// on the thread count. sees(r): can observed query r see the slot; prob(r, h, p, entropy): the
+// probability of row (r, h) for the slot and that row's entropy.
+DC_EXEC_CHECK_DISABLE
+template <class Sees, class Prob>
+DC_HD void fold_slot_statistics(float* block, long long capacity, int slot, int observed,
+                                int num_heads, Sees sees, Prob prob) {
+  float mass = 0.0f, entropy_mass = 0.0f, queries = 0.0f, last = 0.0f;
+  for (int r = 0; r < observed; ++r) {
+    if (!sees(r)) continue;  // p = 0 for every head
+    queries += 1.0f;
+    for (int h = 0; h < num_heads; ++h) {
+      float p = 0.0f, entropy = 0.0f;
+      prob(r, h, p, entropy);
+      mass += p;
+      entropy_mass += p * entropy;
+      block[(kStatHeadMass + h) * capacity + slot] += p;
+      if (r == observed - 1) last += p;
+    }
+  }
+  block[kStatMass * capacity + slot] += mass;
+  block[kStatEntropyMass * capacity + slot] += entropy_mass;
+  block[kStatQueries * capacity + slot] += queries;
+  block[kStatLastMass * capacity + slot] = last;
+}
+
 }  // namespace math
 }  // namespace dc
