@@ -162,7 +162,6 @@ inline ModelConfig gguf_model_config(const GgufFile& f) {
 
   try {
     c.validate();
-    detail::check_attention_dims(c);
   } catch (const Error& e) {
     DC_FAIL(f.where(), e.message());
   }

@@ -97,18 +97,6 @@ inline std::string hf_rope_type(const HfConfigReader& r, const char* key) {
   return "default";
 }
 
-// What ModelConfig::validate() leaves out: it bounds the embedding and MLP matrices by 2^31
-// elements, but not the attention projections, so num_heads * head_dim could overflow int in
-// q_dim() (see fuzz/README.md). Both config readers call this after validate().
-inline void check_attention_dims(const ModelConfig& c) {
-  constexpr std::int64_t kLimit = std::int64_t(1) << 31;
-  const std::int64_t q = std::int64_t(c.num_heads) * c.head_dim;
-  const std::int64_t kv = std::int64_t(c.num_kv_heads) * c.head_dim;
-  DC_CHECK(q < kLimit && kv < kLimit && q * c.hidden_size < kLimit && kv * c.hidden_size < kLimit,
-           "model config: dimensions too large (num_attention_heads*head_dim (", q,
-           ") or num_key_value_heads*head_dim (", kv, ") times hidden_size exceeds 2^31)");
-}
-
 }  // namespace detail
 
 inline ModelConfig parse_hf_config(const nlohmann::json& j, std::string_view source) {
@@ -167,7 +155,6 @@ inline ModelConfig parse_hf_config(const nlohmann::json& j, std::string_view sou
 
   try {
     c.validate();
-    detail::check_attention_dims(c);
   } catch (const Error& e) {
     DC_FAIL(source, ": ", e.message());
   }

@@ -52,11 +52,17 @@ struct ModelConfig {
     DC_CHECK(rms_eps > 0.0f && rms_eps < 1.0f, "model config: rms_norm_eps out of range: ", rms_eps);
     DC_CHECK(rope_theta > 1.0f, "model config: rope_theta must be > 1, got ", rope_theta);
     DC_CHECK(sliding_window >= 0, "model config: sliding_window must be >= 0, got ", sliding_window);
-    // Guards against absurd files: keep every activation index inside int32.
-    DC_CHECK(std::int64_t(vocab_size) * hidden_size < (std::int64_t(1) << 31) &&
-                 std::int64_t(intermediate_size) * hidden_size < (std::int64_t(1) << 31),
+    // Guards against absurd files: every matrix and activation index must fit in int32, so
+    // q_dim()/kv_dim() and the kernels' index arithmetic cannot overflow.
+    constexpr std::int64_t kLimit = std::int64_t(1) << 31;
+    const std::int64_t q = std::int64_t(num_heads) * head_dim, kv = std::int64_t(num_kv_heads) * head_dim;
+    DC_CHECK(std::int64_t(vocab_size) * hidden_size < kLimit &&
+                 std::int64_t(intermediate_size) * hidden_size < kLimit,
              "model config: dimensions too large (vocab_size*hidden_size or "
              "intermediate_size*hidden_size exceeds 2^31)");
+    DC_CHECK(q * hidden_size < kLimit && kv * hidden_size < kLimit,
+             "model config: dimensions too large (num_attention_heads*head_dim (", q,
+             ") or num_key_value_heads*head_dim (", kv, ") times hidden_size exceeds 2^31)");
   }
 
   // Mistral-7B v0.1: 4096-token sliding window, 32k vocab, theta 1e4.
