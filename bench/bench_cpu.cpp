@@ -36,23 +36,8 @@ dc::Transformer<dc::cpu>& model_for(MakeConfig make, int max_chunk) {
   return *models.back().model;
 }
 
-// One decode step at state.range(0) cached tokens, rewound after each iteration.
-void run_decode(benchmark::State& state, dc::Transformer<dc::cpu>& model) {
-  const int context = int(state.range(0));
-  auto cache = model.make_cache(context + 1);
-  dc_bench::fill_cache(cache, context);
-  std::vector<float> logits(std::size_t(model.config().vocab_size));
-  const std::int32_t token = 3;
-  for (auto _ : state) {
-    model.forward(std::span<const std::int32_t>(&token, 1), cache, std::span<float>(logits));
-    cache.truncate(context);
-  }
-  state.counters["tokens_per_s"] = benchmark::Counter(double(state.iterations()), benchmark::Counter::kIsRate);
-  state.counters["context"] = context;
-}
-
 void decode_step(benchmark::State& state, MakeConfig make) {
-  run_decode(state, model_for(make, 1));
+  dc_bench::run_decode(state, model_for(make, 1));
 }
 
 void prefill_chunk(benchmark::State& state, MakeConfig make) {
@@ -74,7 +59,7 @@ void prefill_chunk(benchmark::State& state, MakeConfig make) {
 
 namespace {
 
-void smollm2_decode(benchmark::State& state) { run_decode(state, dc_bench::smollm2_model(1)); }
+void smollm2_decode(benchmark::State& state) { dc_bench::run_decode(state, dc_bench::smollm2_model(1)); }
 
 // Prefill of a whole context in chunks of 64: tokens/s over the context.
 void smollm2_prefill(benchmark::State& state) {

@@ -16,19 +16,7 @@ namespace {
 
 // Arg 0: context; arg 1: statistics on (1) or off (0).
 void decode_with_statistics(benchmark::State& state) {
-  const int context = int(state.range(0));
-  auto& model = dc_bench::smollm2_model(1);
-  auto cache = model.make_cache(context + 1);
-  dc_bench::fill_cache(cache, context);
-  if (state.range(1)) cache.set_observed_from(0);
-  else cache.disable_statistics();
-  std::vector<float> logits(std::size_t(model.config().vocab_size));
-  const std::int32_t token = 3;
-  for (auto _ : state) {
-    model.forward(std::span<const std::int32_t>(&token, 1), cache, std::span<float>(logits));
-    cache.truncate(context);
-  }
-  state.counters["tokens_per_s"] = benchmark::Counter(double(state.iterations()), benchmark::Counter::kIsRate);
+  dc_bench::run_decode(state, dc_bench::smollm2_model(1), int(state.range(1)));
 }
 
 // One eviction of a context down to 25 %: features, H2O scores, top-B, compaction.

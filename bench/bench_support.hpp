@@ -7,6 +7,8 @@
 #include <utility>
 #include <vector>
 
+#include <benchmark/benchmark.h>
+
 #include <distillcache/distillcache.hpp>
 
 namespace dc_bench {
@@ -39,6 +41,24 @@ inline dc::Transformer<dc::cpu>& smollm2_model(int max_chunk) {
   dc::HfModel m = dc::load_gguf_model(path);
   models.emplace_back(max_chunk, std::make_unique<dc::Transformer<dc::cpu>>(m.config, std::move(m.weights), max_chunk));
   return *models.back().second;
+}
+
+// One decode step at state.range(0) cached tokens, rewound after each iteration.
+// Statistics: -1 leaves the cache's default (off), 0 disables, 1 observes every query.
+inline void run_decode(benchmark::State& state, dc::Transformer<dc::cpu>& model, int statistics = -1) {
+  const int context = int(state.range(0));
+  auto cache = model.make_cache(context + 1);
+  fill_cache(cache, context);
+  if (statistics == 1) cache.set_observed_from(0);
+  if (statistics == 0) cache.disable_statistics();
+  std::vector<float> logits(std::size_t(model.config().vocab_size));
+  const std::int32_t token = 3;
+  for (auto _ : state) {
+    model.forward(std::span<const std::int32_t>(&token, 1), cache, std::span<float>(logits));
+    cache.truncate(context);
+  }
+  state.counters["tokens_per_s"] = benchmark::Counter(double(state.iterations()), benchmark::Counter::kIsRate);
+  state.counters["context"] = context;
 }
 
 }  // namespace dc_bench
