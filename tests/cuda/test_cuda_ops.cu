@@ -71,6 +71,23 @@ float normalised_error(std::span<const float> got, std::span<const float> want) 
   return diff / std::max(1e-6f, scale);
 }
 
+// Positions of len cached slots: 0..len-1, or (compacted) a sorted random len-subset of
+// 0..2*len-1, as a cache looks after eviction.
+std::vector<std::int32_t> cached_positions(int len, bool compacted) {
+  std::vector<std::int32_t> key_pos(static_cast<std::size_t>(len));
+  if (compacted) {
+    std::mt19937 rng(70 + unsigned(len));
+    std::vector<std::int32_t> all(static_cast<std::size_t>(2 * len));
+    for (int i = 0; i < 2 * len; ++i) all[std::size_t(i)] = i;
+    std::shuffle(all.begin(), all.end(), rng);
+    std::copy(all.begin(), all.begin() + len, key_pos.begin());
+    std::sort(key_pos.begin(), key_pos.end());
+  } else {
+    for (int j = 0; j < len; ++j) key_pos[std::size_t(j)] = j;
+  }
+  return key_pos;
+}
+
 }  // namespace
 
 TEST_CASE("cuda embedding gathers float and bf16 rows exactly") {
@@ -216,17 +233,7 @@ void check_attention(const AttentionCase& c) {
   dc::AttentionShape s{c.heads, c.kv_heads, c.head_dim, c.window,
                        1.0f / std::sqrt(float(c.head_dim)), capacity};
 
-  std::vector<std::int32_t> key_pos(std::size_t(c.len));
-  if (c.compacted) {
-    std::mt19937 rng(70 + unsigned(c.len));
-    std::vector<std::int32_t> all(std::size_t(2 * c.len));
-    for (int i = 0; i < 2 * c.len; ++i) all[std::size_t(i)] = i;
-    std::shuffle(all.begin(), all.end(), rng);
-    std::copy(all.begin(), all.begin() + c.len, key_pos.begin());
-    std::sort(key_pos.begin(), key_pos.end());
-  } else {
-    for (int j = 0; j < c.len; ++j) key_pos[std::size_t(j)] = j;
-  }
+  const std::vector<std::int32_t> key_pos = cached_positions(c.len, c.compacted);
   // The chunk's queries are the last n cached tokens, as in the transformer.
   std::vector<std::int32_t> query_pos(key_pos.end() - c.n, key_pos.end());
 
@@ -654,17 +661,7 @@ void check_attention_stats(const StatsCase& c) {
                              1.0f / std::sqrt(float(c.head_dim)), capacity};
   const int rows = dc::stat_rows(c.heads);
 
-  std::vector<std::int32_t> key_pos(std::size_t(c.len));
-  if (c.compacted) {
-    std::mt19937 rng(70 + unsigned(c.len));
-    std::vector<std::int32_t> all(std::size_t(2 * c.len));
-    for (int i = 0; i < 2 * c.len; ++i) all[std::size_t(i)] = i;
-    std::shuffle(all.begin(), all.end(), rng);
-    std::copy(all.begin(), all.begin() + c.len, key_pos.begin());
-    std::sort(key_pos.begin(), key_pos.end());
-  } else {
-    for (int j = 0; j < c.len; ++j) key_pos[std::size_t(j)] = j;
-  }
+  const std::vector<std::int32_t> key_pos = cached_positions(c.len, c.compacted);
   std::vector<std::int32_t> query_pos(key_pos.end() - c.n, key_pos.end());
 
   const std::size_t cache_size = std::size_t(c.kv_heads) * capacity * c.head_dim;

@@ -26,6 +26,7 @@
 #include "../core/error.hpp"
 #include "../core/tensor.hpp"
 #include "detail/json_text.hpp"
+#include "detail/checked_file.hpp"
 
 namespace dc {
 
@@ -126,12 +127,7 @@ class SafetensorsFile {
   }
 
   void read_header() {
-    std::error_code ec;
-    DC_CHECK(std::filesystem::is_regular_file(path_, ec), where(), "file missing or not a regular file");
-    file_size_ = std::filesystem::file_size(path_, ec);
-    DC_CHECK(!ec, where(), "cannot get file size: ", ec.message());
-    std::ifstream in(path_, std::ios::binary);
-    DC_CHECK(in.is_open(), where(), "cannot open for reading");
+    std::ifstream in = detail::open_checked(path_, where(), file_size_);
     DC_CHECK(file_size_ >= 8, where(), "file is ", file_size_,
              " bytes, shorter than the 8-byte header length");
 
