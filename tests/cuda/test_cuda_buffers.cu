@@ -22,3 +22,23 @@ TEST_CASE("device buffers round-trip through host and device-to-device copies") 
   dc::copy_to_host(ctx, back.data(), b.data(), back.size());
   CHECK(std::all_of(back.begin(), back.end(), [](float v) { return v == 0.0f; }));
 }
+
+TEST_CASE("device buffers, caches and models know their device, so mismatches are caught") {
+  dc::Context<dc::cuda> ctx;
+  int current = -1;
+  REQUIRE(cudaGetDevice(&current) == cudaSuccess);
+  dc::Buffer<float, dc::cuda> a(16), empty;
+  CHECK(a.device() == current);
+  CHECK(empty.device() == dc::kHostDevice);
+  dc::Buffer<float, dc::cuda> moved(std::move(a));
+  CHECK(moved.device() == current);
+  CHECK(a.device() == dc::kHostDevice);  // NOLINT(bugprone-use-after-move): moved-from state
+  CHECK(ctx.device() == current);
+  dc::ModelConfig cfg = dc::ModelConfig::mistral_7b_v0_1();
+  cfg.num_layers = 1;
+  dc::KVCache<dc::cuda> cache(cfg, 4);
+  CHECK(cache.device() == current);
+  // With one GPU a real mismatch cannot be staged; the check itself is tested on the CPU
+  // (tests/cpu/test_bad_input.cpp) and is what Transformer<cuda> calls.
+  CHECK_THROWS_AS(dc::check_same_device(ctx.device(), current + 1, "the KV cache"), dc::Error);
+}

@@ -28,8 +28,12 @@ class EvictingDecoder {
                   EvictionMode mode, int max_prompt, int max_new_tokens)
       : model_(model), policy_(policy), budget_(budget), mode_(mode), max_prompt_(max_prompt) {
     DC_CHECK(max_prompt > 0 && max_new_tokens >= 0, "EvictingDecoder: max_prompt ", max_prompt,
-             " and max_new_tokens ", max_new_tokens, " must be positive");
-    cache_ = model_.make_cache(max_prompt + max_new_tokens);
+             " must be positive and max_new_tokens ", max_new_tokens, " non-negative");
+    const std::int64_t capacity = std::int64_t(max_prompt) + max_new_tokens;
+    DC_CHECK(capacity <= model_.config().max_position, "EvictingDecoder: max_prompt ", max_prompt,
+             " + max_new_tokens ", max_new_tokens, " exceed the model's max_position ",
+             model_.config().max_position);
+    cache_ = model_.make_cache(int(capacity));
     logits_.resize(std::size_t(model_.config().vocab_size));
   }
 
@@ -73,9 +77,12 @@ class EvictingDecoder {
   // Feeds one token; evicts back to the budget when decode-mode eviction is due.
   std::span<const float> step(std::int32_t token) {
     DC_CHECK(budget_tokens_ > 0, "EvictingDecoder: step() before prefill()");
+    DC_CHECK(cache_.length() < cache_.capacity(),
+             "EvictingDecoder: step() past max_new_tokens: the cache is full at ",
+             cache_.capacity(), " slots (max_prompt + max_new_tokens)");
     model_.forward(std::span<const std::int32_t>(&token, 1), cache_, std::span<float>(logits_));
     if (mode_ == EvictionMode::decode && policy_.evicts() &&
-        cache_.length() >= budget_tokens_ + budget_.chunk)
+        std::int64_t(cache_.length()) >= std::int64_t(budget_tokens_) + budget_.chunk)
       evict();
     return logits_;
   }
@@ -96,7 +103,7 @@ class EvictingDecoder {
   void evict() {
     const TokenFeatures f = gather_features(model_.context(), cache_);
     scores_.assign(std::size_t(f.size), 0.0f);
-    policy_.score(f, budget_tokens_, scores_);
+    policy_.score(f, budget_tokens_, scores_);  // validates the features and the scores
     const auto keep = select_keep(scores_, f.position, budget_tokens_, budget_.sink, budget_.recent);
     cache_.compact(model_.context(), keep);
     ++evictions_;

@@ -6,9 +6,11 @@
 // layer at a time (gather_layer_features).
 #include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "../core/copy.hpp"
+#include "../core/finite.hpp"
 #include "../math/features.hpp"
 #include "kv_cache.hpp"
 
@@ -30,6 +32,29 @@ struct TokenFeatures {
   std::vector<float> accumulated_mass;  // sum over layers, heads, observed queries (H2O)
   std::vector<float> last_query_mass;   // mean over layers of the newest query's mass (TOVA)
   std::vector<float> key_norm;          // mean ||k||_2 (KNorm)
+
+  // Throws dc::Error naming the first problem: a column whose length is not `size`, or a
+  // non-finite value (which would make any policy's keep-set arbitrary). The decoder checks
+  // every gathered set before a policy sees it; call it on features built by hand.
+  void validate() const {
+    DC_CHECK(size >= 0, "features: negative size ", size);
+    DC_CHECK(position.size() == std::size_t(size), "features: 'position' has ", position.size(),
+             " entries for ", size, " slots");
+    const std::pair<const char*, const std::vector<float>*> columns[] = {
+        {"alpha", &alpha},
+        {"value_norm", &value_norm},
+        {"head_variance", &head_variance},
+        {"entropy", &entropy},
+        {"relative_position", &relative_position},
+        {"accumulated_mass", &accumulated_mass},
+        {"last_query_mass", &last_query_mass},
+        {"key_norm", &key_norm}};
+    for (const auto& [name, column] : columns) {
+      DC_CHECK(column->size() == std::size_t(size), "features: '", name, "' has ", column->size(),
+               " entries for ", size, " slots");
+      check_all_finite(*column, detail::concat("features: '", name, "'"));
+    }
+  }
 
   // Row-major [size, 5] matrix of the features, the learned policy's input.
   std::vector<float> matrix() const {

@@ -57,7 +57,7 @@ class KVCache {
   int head_dim() const { return head_dim_; }
   int capacity() const { return capacity_; }
   // Slots held by layer l; length() is the longest layer (all equal with shared keep-sets).
-  int length(int layer) const { return int(host_positions_[std::size_t(layer)].size()); }
+  int length(int layer) const { return int(host_positions_[index(layer)].size()); }
   int length() const {
     int m = 0;
     for (int l = 0; l < layers_; ++l) m = std::max(m, length(l));
@@ -65,22 +65,25 @@ class KVCache {
   }
   int next_position() const { return next_position_; }
 
-  float* keys(int layer) { return keys_[std::size_t(layer)].data(); }
-  float* values(int layer) { return values_[std::size_t(layer)].data(); }
-  const float* keys(int layer) const { return keys_[std::size_t(layer)].data(); }
-  const float* values(int layer) const { return values_[std::size_t(layer)].data(); }
-  float* stats(int layer) { return stats_[std::size_t(layer)].data(); }
-  const float* stats(int layer) const { return stats_[std::size_t(layer)].data(); }
+  // Where the cache lives (kHostDevice on the CPU backend).
+  int device() const { return positions_.device(); }
+
+  float* keys(int layer) { return keys_[index(layer)].data(); }
+  float* values(int layer) { return values_[index(layer)].data(); }
+  const float* keys(int layer) const { return keys_[index(layer)].data(); }
+  const float* values(int layer) const { return values_[index(layer)].data(); }
+  float* stats(int layer) { return stats_[index(layer)].data(); }
+  const float* stats(int layer) const { return stats_[index(layer)].data(); }
   // Backend-resident positions of layer l's slots [0, length(l)).
   const std::int32_t* positions(int layer = 0) const {
-    return positions_.data() + std::int64_t(layer) * capacity_;
+    return positions_.data() + std::int64_t(index(layer)) * capacity_;
   }
   // Host mirror of the same positions.
   const std::vector<std::int32_t>& host_positions(int layer = 0) const {
-    return host_positions_[std::size_t(layer)];
+    return host_positions_[index(layer)];
   }
   // First slot of the tokens added by the latest append(), per layer.
-  int appended_at(int layer) const { return last_append_[std::size_t(layer)]; }
+  int appended_at(int layer) const { return last_append_[index(layer)]; }
 
   // Statistics are accumulated for queries at positions >= observed_from().
   void set_observed_from(int position) { observed_from_ = position; }
@@ -194,6 +197,12 @@ class KVCache {
 
  private:
   static constexpr int kNever = 0x7fffffff;
+
+  std::size_t index(int layer) const {
+    DC_CHECK(layer >= 0 && layer < layers_, "KV cache: layer ", layer, " outside [0, ", layers_,
+             ")");
+    return std::size_t(layer);
+  }
 
   int layers_ = 0, heads_ = 0, kv_heads_ = 0, head_dim_ = 0, capacity_ = 0;
   int next_position_ = 0;

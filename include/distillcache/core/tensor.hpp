@@ -76,6 +76,7 @@ class Tensor {
   std::int64_t numel() const { return shape_.numel(); }
   std::size_t bytes() const { return buf_.bytes(); }
   bool empty() const { return buf_.empty(); }
+  int device() const { return buf_.device(); }
   Buffer<T, B>& buffer() { return buf_; }
   const Buffer<T, B>& buffer() const { return buf_; }
 

@@ -24,12 +24,14 @@ class Buffer<T, cuda> {
   ~Buffer() { release(); }
 
   Buffer(Buffer&& other) noexcept
-      : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
+      : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)),
+        device_(std::exchange(other.device_, kHostDevice)) {}
   Buffer& operator=(Buffer&& other) noexcept {
     if (this != &other) {
       release();
       data_ = std::exchange(other.data_, nullptr);
       size_ = std::exchange(other.size_, 0);
+      device_ = std::exchange(other.device_, kHostDevice);
     }
     return *this;
   }
@@ -41,6 +43,8 @@ class Buffer<T, cuda> {
   std::size_t size() const noexcept { return size_; }
   std::size_t bytes() const noexcept { return size_ * sizeof(T); }
   bool empty() const noexcept { return size_ == 0; }
+  // The CUDA device the memory was allocated on (the current device then); kHostDevice if empty.
+  int device() const noexcept { return device_; }
 
   // Host-synchronous, like the CPU version: the memory is zero when this returns. It runs on the
   // legacy default stream, which is ordered after prior work on every blocking stream (the
@@ -60,6 +64,8 @@ class Buffer<T, cuda> {
     if (count == 0) return;
     DC_CHECK(count <= std::numeric_limits<std::size_t>::max() / sizeof(T), "device buffer of ",
              count, " elements overflows size_t");
+    int device = kHostDevice;
+    DC_CUDA_CHECK(cudaGetDevice(&device));
     void* p = nullptr;
     const cudaError_t status = cudaMalloc(&p, count * sizeof(T));
     if (status != cudaSuccess) {
@@ -69,15 +75,18 @@ class Buffer<T, cuda> {
     }
     data_ = static_cast<T*>(p);
     size_ = count;
+    device_ = device;
   }
   void release() noexcept {
     if (data_) (void)cudaFree(data_);  // a destructor cannot throw; errors resurface later
     data_ = nullptr;
     size_ = 0;
+    device_ = kHostDevice;
   }
 
   T* data_ = nullptr;
   std::size_t size_ = 0;
+  int device_ = kHostDevice;
 };
 
 }  // namespace dc

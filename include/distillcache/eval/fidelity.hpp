@@ -26,7 +26,12 @@ class FidelityEvaluator {
   FidelityEvaluator(Transformer<B, W>& model, std::vector<EvictionPolicy*> policies,
                     std::vector<Budget> budgets, EvictionMode mode)
       : model_(model), policies_(std::move(policies)), budgets_(std::move(budgets)), mode_(mode),
-        totals_(policies_.size() * budgets_.size()) {}
+        totals_(policies_.size() * budgets_.size()) {
+    DC_CHECK(!policies_.empty() && !budgets_.empty(), "fidelity: ", policies_.size(),
+             " policies and ", budgets_.size(), " budgets; give at least one of each");
+    for (std::size_t p = 0; p < policies_.size(); ++p)
+      DC_CHECK(policies_[p] != nullptr, "fidelity: policy ", p, " is null");
+  }
 
   // Runs one context: prompt, then the continuation teacher-forced token by token. progress is
   // called before each student with its index.

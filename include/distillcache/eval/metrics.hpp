@@ -7,6 +7,7 @@
 #include <span>
 
 #include "../core/error.hpp"
+#include "../core/finite.hpp"
 #include "../math/kl.hpp"
 #include "../math/softmax.hpp"
 #include "../model/sampling.hpp"
@@ -14,15 +15,14 @@
 namespace dc {
 
 inline float log_sum_exp(std::span<const float> logits) {
+  check_logits(logits, "log_sum_exp");
   math::OnlineSoftmax s;
-  for (float x : logits) {
-    DC_CHECK(!std::isnan(x), "log_sum_exp: NaN logit");
-    s.push(x);
-  }
+  for (float x : logits) s.push(x);
   return s.log_sum_exp();
 }
 
-// KL(P || Q) for P = softmax(full), Q = softmax(evicted), accumulated in double.
+// KL(P || Q) for P = softmax(full), Q = softmax(evicted), accumulated in double. A token that
+// P allows and Q bans (-inf) makes it +inf, as it should.
 inline double kl_divergence(std::span<const float> full, std::span<const float> evicted) {
   DC_CHECK(full.size() == evicted.size() && !full.empty(), "kl_divergence: ", full.size(),
            " vs ", evicted.size(), " logits");

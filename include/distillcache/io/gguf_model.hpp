@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "../core/error.hpp"
+#include "../core/finite.hpp"
 #include "../math/rope.hpp"
 #include "../model/config.hpp"
 #include "../model/weights.hpp"
@@ -198,6 +199,9 @@ inline HfModel load_gguf_model(const GgufFile& f) {
     DC_CHECK(ggml_can_dequantize(t->type), f.where(name), "type ", t->type_name(),
              " is not supported (supported: ", kGgmlDequantizableTypes, ")");
     slot = f.read_tensor(*t);
+    // A NaN or inf weight (a corrupt file, a bad quantization scale) would poison every logit.
+    check_all_finite(std::span<const float>(slot.data(), std::size_t(slot.numel())),
+                     detail::concat("gguf '", f.path().string(), "': tensor '", name, "'"));
     const bool is_q = name.size() > 13 && name.compare(name.size() - 13, 13, "attn_q.weight") == 0;
     const bool is_k = name.size() > 13 && name.compare(name.size() - 13, 13, "attn_k.weight") == 0;
     if (is_q) detail::gguf_unpermute_rope_rows(slot, c.num_heads, c.head_dim);

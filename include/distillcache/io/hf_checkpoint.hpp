@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../core/error.hpp"
+#include "../core/finite.hpp"
 #include "../model/config.hpp"
 #include "../model/weights.hpp"
 #include "detail/json_text.hpp"
@@ -147,6 +148,10 @@ inline HfModel load_hf_model(const std::filesystem::path& folder) {
                     DC_CHECK(same, "checkpoint ", file->path().string(), ": tensor '", name,
                              "' has shape ", detail::shape_str(actual), ", expected ", expected.str());
                     slot = file->read_float(name);
+                    // A NaN or inf weight would poison every logit: reject it here, by name.
+                    check_all_finite(std::span<const float>(slot.data(), std::size_t(slot.numel())),
+                                     detail::concat("checkpoint ", file->path().string(),
+                                                    ": tensor '", name, "'"));
                   });
   return model;
 }

@@ -15,6 +15,7 @@ struct OnlineSoftmax {
 
   // Adds x; returns the factor by which earlier accumulated weights must be rescaled.
   DC_HD float push(float x) {
+    if (x == -INFINITY) return 1.0f;  // weight 0; also keeps exp(-inf - -inf) = NaN out of sum
     if (x <= max) {
       sum += expf(x - max);
       return 1.0f;

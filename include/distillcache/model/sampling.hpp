@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "../core/error.hpp"
+#include "../core/finite.hpp"
 
 namespace dc {
 
@@ -21,12 +22,10 @@ struct SamplingOptions {
 };
 
 inline std::int32_t argmax(std::span<const float> logits) {
-  DC_CHECK(!logits.empty(), "argmax of empty logits");
+  check_logits(logits, "argmax");
   std::size_t best = 0;
-  for (std::size_t i = 0; i < logits.size(); ++i) {
-    DC_CHECK(!std::isnan(logits[i]), "logit ", i, " is NaN");
+  for (std::size_t i = 0; i < logits.size(); ++i)
     if (logits[i] > logits[best]) best = i;
-  }
   return static_cast<std::int32_t>(best);
 }
 
@@ -36,8 +35,7 @@ std::int32_t sample_token(std::span<const float> logits, const SamplingOptions& 
            "temperature must be finite and >= 0, got ", opt.temperature);
   DC_CHECK(opt.top_k >= 0, "top_k must be >= 0, got ", opt.top_k);
   if (opt.temperature == 0.0f) return argmax(logits);
-  for (std::size_t i = 0; i < logits.size(); ++i)
-    DC_CHECK(!std::isnan(logits[i]), "logit ", i, " is NaN");
+  check_logits(logits, "sample_token");  // -inf entries get weight 0; the top one is finite
 
   // Candidate set: the top-k logits (ties broken by lower id), or all of them.
   std::vector<std::int32_t> ids(logits.size());

@@ -22,6 +22,7 @@
 
 #include "../cache/kv_cache.hpp"
 #include "../core/copy.hpp"
+#include "../core/finite.hpp"
 #include "../math/attention_shape.hpp"
 #include "config.hpp"
 #include "weights.hpp"
@@ -39,6 +40,7 @@ class Transformer {
     DC_CHECK(max_chunk > 0, "max_chunk must be positive, got ", max_chunk);
     DC_CHECK(static_cast<int>(w_.layers.size()) == cfg_.num_layers, "weights have ",
              w_.layers.size(), " layers, config says ", cfg_.num_layers);
+    check_weights_device();
     const int c = max_chunk_;
     x_ = Tensor<float, B>(Shape{c, cfg_.hidden_size});
     xn_ = Tensor<float, B>(Shape{c, cfg_.hidden_size});
@@ -90,6 +92,15 @@ class Transformer {
                                            : out.data();
       forward_chunk(tokens.subspan(std::size_t(begin), std::size_t(len)), cache, dst, chunk_logits);
     }
+    // NaN or inf here means the weights or the activations are broken; say so at the source
+    // rather than letting sampling or eviction act on garbage.
+    const std::size_t vocab = std::size_t(cfg_.vocab_size);
+    for (std::size_t row = 0; row * vocab < need; ++row) {
+      const auto logits = std::span<const float>(out).subspan(row * vocab, vocab);
+      if (!std::all_of(logits.begin(), logits.end(), [](float x) { return std::isfinite(x); }))
+        check_all_finite(logits, detail::concat("forward: the model produced non-finite logits "
+                                                "(broken weights or overflow), row ", row));
+    }
   }
 
   // Convenience: returns the host logits as a vector.
@@ -107,6 +118,31 @@ class Transformer {
                  cache.head_dim() == cfg_.head_dim,
              "KV cache shape (", cache.num_layers(), " layers, ", cache.num_kv_heads(),
              " kv heads, head_dim ", cache.head_dim(), ") does not match the model");
+    check_same_device(ctx_.device(), cache.device(), "the KV cache");
+  }
+
+  void check_weights_device() const {
+    auto check = [&](const auto& tensor, const char* name, int layer) {
+      if (!tensor.empty())
+        check_same_device(ctx_.device(), tensor.device(),
+                          detail::concat("weight ", name, layer >= 0 ? " of layer " : "",
+                                         layer >= 0 ? std::to_string(layer) : std::string()));
+    };
+    check(w_.embed, "embed", -1);
+    check(w_.final_norm, "final_norm", -1);
+    check(w_.lm_head, "lm_head", -1);
+    for (int l = 0; l < cfg_.num_layers; ++l) {
+      const auto& L = w_.layers[std::size_t(l)];
+      check(L.attn_norm, "attn_norm", l);
+      check(L.wq, "wq", l);
+      check(L.wk, "wk", l);
+      check(L.wv, "wv", l);
+      check(L.wo, "wo", l);
+      check(L.ffn_norm, "ffn_norm", l);
+      check(L.w_gate, "w_gate", l);
+      check(L.w_up, "w_up", l);
+      check(L.w_down, "w_down", l);
+    }
   }
 
   void forward_chunk(std::span<const std::int32_t> tokens, KVCache<B>& cache, float* out,

@@ -17,7 +17,7 @@ class FullCachePolicy final : public EvictionPolicy {
   std::string name() const override { return "full"; }
   bool evicts() const override { return false; }
   int observation_window() const override { return 1; }
-  void score(const TokenFeatures& f, int, std::span<float> s) override {
+  void score_slots(const TokenFeatures& f, int, std::span<float> s) override {
     for (int i = 0; i < f.size; ++i) s[std::size_t(i)] = 0.0f;
   }
 };
@@ -28,7 +28,7 @@ class RandomPolicy final : public EvictionPolicy {
   explicit RandomPolicy(std::uint64_t seed = 0) : rng_(seed) {}
   std::string name() const override { return "random"; }
   int observation_window() const override { return 1; }
-  void score(const TokenFeatures& f, int, std::span<float> s) override {
+  void score_slots(const TokenFeatures& f, int, std::span<float> s) override {
     for (int i = 0; i < f.size; ++i)
       s[std::size_t(i)] = float(rng_() >> 40) * 0x1p-24f;  // uniform in [0, 1)
   }
@@ -43,7 +43,7 @@ class StreamingPolicy final : public EvictionPolicy {
   explicit StreamingPolicy(int sinks = 4) : sinks_(sinks) {}
   std::string name() const override { return "streaming"; }
   int observation_window() const override { return 1; }
-  void score(const TokenFeatures& f, int, std::span<float> s) override {
+  void score_slots(const TokenFeatures& f, int, std::span<float> s) override {
     for (int i = 0; i < f.size; ++i) {
       const int p = f.position[std::size_t(i)];
       s[std::size_t(i)] = p < sinks_ ? INFINITY : float(p);
@@ -61,7 +61,7 @@ class H2OPolicy final : public EvictionPolicy {
   explicit H2OPolicy(double recent_fraction = 0.5) : recent_fraction_(recent_fraction) {}
   std::string name() const override { return "h2o"; }
   int observation_window() const override { return 0; }  // every prompt query
-  void score(const TokenFeatures& f, int budget, std::span<float> s) override {
+  void score_slots(const TokenFeatures& f, int budget, std::span<float> s) override {
     const int recent = int(recent_fraction_ * budget);
     for (int i = 0; i < f.size; ++i) {
       const bool is_recent = f.position[std::size_t(i)] > f.latest_position - recent;
@@ -81,7 +81,7 @@ class SnapKVPolicy final : public EvictionPolicy {
   explicit SnapKVPolicy(int window = 64, int kernel = 5) : window_(window), kernel_(kernel) {}
   std::string name() const override { return "snapkv"; }
   int observation_window() const override { return window_; }
-  void score(const TokenFeatures& f, int, std::span<float> s) override {
+  void score_slots(const TokenFeatures& f, int, std::span<float> s) override {
     // Slots are in position order for a shared keep-set; pool over slot neighbours.
     const int half = kernel_ / 2;
     for (int i = 0; i < f.size; ++i) {
@@ -106,7 +106,7 @@ class TOVAPolicy final : public EvictionPolicy {
  public:
   std::string name() const override { return "tova"; }
   int observation_window() const override { return 1; }
-  void score(const TokenFeatures& f, int, std::span<float> s) override {
+  void score_slots(const TokenFeatures& f, int, std::span<float> s) override {
     for (int i = 0; i < f.size; ++i) s[std::size_t(i)] = f.last_query_mass[std::size_t(i)];
   }
 };
@@ -116,7 +116,7 @@ class KNormPolicy final : public EvictionPolicy {
  public:
   std::string name() const override { return "knorm"; }
   int observation_window() const override { return 1; }
-  void score(const TokenFeatures& f, int, std::span<float> s) override {
+  void score_slots(const TokenFeatures& f, int, std::span<float> s) override {
     for (int i = 0; i < f.size; ++i) s[std::size_t(i)] = -f.key_norm[std::size_t(i)];
   }
 };

@@ -7,6 +7,7 @@
 // (examples/eval), held in lists, and the learned policy carries trained parameters; one virtual
 // call per eviction (not per token) costs nothing next to the attention that produced the
 // features.
+#include <cmath>
 #include <span>
 #include <string>
 
@@ -23,7 +24,22 @@ class EvictionPolicy {
   // How many of the last prompt queries are observed at prefill; 0 = all of them.
   virtual int observation_window() const { return 32; }
   // Scores for every slot of f (scores.size() == f.size); budget is the number that will be kept.
-  virtual void score(const TokenFeatures& f, int budget, std::span<float> scores) = 0;
+  // Checks the arguments (consistent, finite features; matching sizes; budget >= 0) and the
+  // scores the policy wrote (no NaN; +-inf are fine and mean "always" / "never"), then returns.
+  void score(const TokenFeatures& f, int budget, std::span<float> scores) {
+    f.validate();
+    DC_CHECK(scores.size() == std::size_t(f.size), "policy '", name(), "': ", scores.size(),
+             " scores for ", f.size, " slots");
+    DC_CHECK(budget >= 0, "policy '", name(), "': negative budget ", budget);
+    score_slots(f, budget, scores);
+    for (std::size_t i = 0; i < scores.size(); ++i)
+      DC_CHECK(!std::isnan(scores[i]), "policy '", name(), "' gave slot ", i, " (position ",
+               f.position[i], ") a NaN score");
+  }
+
+ protected:
+  // What a policy implements: the arguments are already checked.
+  virtual void score_slots(const TokenFeatures& f, int budget, std::span<float> scores) = 0;
 };
 
 }  // namespace dc

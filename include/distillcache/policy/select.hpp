@@ -20,6 +20,10 @@ inline std::vector<std::int32_t> select_keep(std::span<const float> scores,
   DC_CHECK(positions.size() == scores.size(), "select_keep: ", scores.size(), " scores for ",
            positions.size(), " positions");
   DC_CHECK(budget >= 0, "select_keep: negative budget ", budget);
+  DC_CHECK(sink >= 0 && recent >= 0, "select_keep: sink ", sink, " and recent ", recent,
+           " must be >= 0");
+  DC_CHECK(std::int64_t(sink) + recent <= budget || budget >= n, "select_keep: ", sink, " sink + ",
+           recent, " recent protected slots exceed the budget of ", budget);
   for (int i = 0; i < n; ++i)
     DC_CHECK(!std::isnan(scores[std::size_t(i)]), "select_keep: score of slot ", i, " is NaN");
   std::vector<std::int32_t> keep(static_cast<std::size_t>(n));

@@ -1,0 +1,449 @@
+// Every public entry point rejects bad input with a dc::Error that names the problem.
+//
+// One table drives the test: each row is a bad input, the call that receives it, and a phrase
+// its message must contain. docs/errors.md is this table with the messages of a real run:
+//   DC_ERROR_TABLE=1 build/tests/test_bad_input     (prints the markdown rows)
+// Hostile files are covered in depth by test_gguf, test_safetensors, test_hf_loader and the fuzz
+// regressions; the rows here are the representative cases a user meets first.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include <distillcache/distillcache.hpp>
+
+#include "../support/temp_dir.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+const std::string kFixtures = DC_FIXTURE_DIR;
+
+struct BadInput {
+  std::string area;    // the entry point
+  std::string input;   // what is wrong
+  std::function<void()> call;
+  std::string expect;  // a phrase the message must contain
+};
+
+// A tiny Mistral (vocab 256, 2 layers, max_position 256) shared by the rows.
+dc::Transformer<dc::cpu>& tiny_model() {
+  static dc::Transformer<dc::cpu> model = [] {
+    dc::HfModel m = dc::load_hf_model(kFixtures + "/tiny_mistral");
+    return dc::Transformer<dc::cpu>(m.config, std::move(m.weights), 8);
+  }();
+  return model;
+}
+
+std::vector<std::int32_t> prompt(int n) {
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i) ids[std::size_t(i)] = 1 + (7 * i) % 200;
+  return ids;
+}
+
+// Features of a 4-slot cache as the decoder would hand them to a policy.
+dc::TokenFeatures tiny_features() {
+  auto& model = tiny_model();
+  auto cache = model.make_cache(8);
+  cache.set_observed_from(0);
+  model.forward(prompt(4), cache);
+  return dc::gather_features(model.context(), cache);
+}
+
+// A policy that breaks its contract.
+struct NanPolicy final : dc::EvictionPolicy {
+  std::string name() const override { return "nan"; }
+  void score_slots(const dc::TokenFeatures&, int, std::span<float> s) override {
+    for (float& x : s) x = NAN;
+  }
+};
+
+void overwrite(const fs::path& file, std::uint64_t offset, const void* bytes, std::size_t n) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(std::streamoff(offset));
+  f.write(static_cast<const char*>(bytes), std::streamsize(n));
+}
+
+// A copy of tiny_mistral with one weight set to NaN.
+void nan_weight_checkpoint(const fs::path& dir) {
+  fs::create_directories(dir);
+  for (const char* name : {"config.json", "model.safetensors"})
+    fs::copy_file(kFixtures + "/tiny_mistral/" + name, dir / name);
+  std::ifstream in(dir / "model.safetensors", std::ios::binary);
+  std::uint64_t header_len = 0;
+  in.read(reinterpret_cast<char*>(&header_len), 8);
+  std::string header(header_len, '\0');
+  in.read(header.data(), std::streamsize(header_len));
+  in.close();
+  const auto offsets = nlohmann::json::parse(header)["model.layers.1.mlp.up_proj.weight"]["data_offsets"];
+  const float nan = NAN;
+  overwrite(dir / "model.safetensors", 8 + header_len + offsets[0].get<std::uint64_t>() + 3 * 4, &nan,
+            4);
+}
+
+// A copy of the tiny GGUF (all BF16) with one weight set to +inf.
+fs::path inf_weight_gguf(const fs::path& dir) {
+  const fs::path path = dir / "inf.gguf";
+  fs::copy_file(kFixtures + "/gguf/tiny_llama_tied.gguf", path);
+  std::uint64_t at = 0;
+  {
+    dc::GgufFile f(path);
+    const dc::GgufTensorInfo* t = f.find_tensor("output_norm.weight");
+    REQUIRE(t != nullptr);
+    REQUIRE(t->ggml_type() == dc::GgmlType::bf16);
+    at = f.data_offset() + t->offset;
+  }
+  const std::uint16_t bf16_inf = 0x7f80;  // the top half of the fp32 +inf pattern
+  overwrite(path, at, &bf16_inf, 2);
+  return path;
+}
+
+std::vector<BadInput> bad_inputs(const dc_test::TempDir& tmp) {
+  static dc::Transformer<dc::cpu>& model = tiny_model();  // static: not captured, never dangles
+  static const dc::ModelConfig& cfg = model.config();
+  std::vector<BadInput> rows;
+  auto add = [&](std::string area, std::string input, std::function<void()> call, std::string expect) {
+    rows.push_back({std::move(area), std::move(input), std::move(call), std::move(expect)});
+  };
+
+  // ---- model files -------------------------------------------------------------------------
+  add("load_gguf_model", "file does not exist", [&] { dc::load_gguf_model(tmp / "missing.gguf"); },
+      "file missing");
+  add("load_gguf_model", "not a GGUF file (a config.json)",
+      [&] { dc::load_gguf_model(kFixtures + "/tiny_mistral/config.json"); }, "not a GGUF file");
+  add("load_gguf_model", "file truncated in the tensor data", [&] {
+    const fs::path p = tmp / "truncated.gguf";
+    fs::copy_file(kFixtures + "/gguf/tiny_llama_tied.gguf", p);
+    fs::resize_file(p, fs::file_size(p) - 1000);
+    dc::load_gguf_model(p);
+  }, "truncated");
+  add("load_gguf_model", "a weight is +inf", [&] { dc::load_gguf_model(inf_weight_gguf(tmp.path)); },
+      "tensor 'output_norm.weight': entry 0 is +inf");
+  add("load_hf_model", "folder without config.json", [&] { dc::load_hf_model(tmp.path); },
+      "config.json");
+  add("load_hf_model", "a weight is NaN", [&] {
+    nan_weight_checkpoint(tmp / "nan_ckpt");
+    dc::load_hf_model(tmp / "nan_ckpt");
+  }, "tensor 'model.layers.1.mlp.up_proj.weight': entry 3 is NaN");
+  add("SafetensorsFile", "empty file", [&] {
+    std::ofstream(tmp / "empty.safetensors").close();
+    dc::SafetensorsFile f(tmp / "empty.safetensors");
+  }, "shorter than the 8-byte header length");
+  add("ModelConfig::validate", "heads not a multiple of kv_heads", [&] {
+    dc::ModelConfig c = cfg;
+    c.num_kv_heads = 3;
+    c.validate();
+  }, "num_key_value_heads");
+
+  // ---- tokenizer --------------------------------------------------------------------------
+  add("Tokenizer", "unsupported tokenizer model", [&] {
+    dc::TokenizerData d;
+    d.model = "bert";
+    d.tokens = {"a"};
+    dc::Tokenizer{d};
+  }, "tokenizer model 'bert' is not supported");
+  add("Tokenizer::decode", "token id outside the vocabulary", [&] {
+    dc::TokenizerData d;
+    d.model = "llama";
+    d.tokens = {"<unk>", "a", "b"};
+    d.scores = {0.0f, -1.0f, -2.0f};
+    (void)dc::Tokenizer(d).decode(std::vector<std::int32_t>{1, 3});
+  }, "token id 3");
+
+  // ---- transformer --------------------------------------------------------------------------
+  add("Transformer", "max_chunk 0", [&] {
+    dc::HfModel m = dc::load_hf_model(kFixtures + "/tiny_mistral");
+    dc::Transformer<dc::cpu>(m.config, std::move(m.weights), 0);
+  }, "max_chunk must be positive");
+  add("Transformer", "weights with fewer layers than the config", [&] {
+    dc::HfModel m = dc::load_hf_model(kFixtures + "/tiny_mistral");
+    m.weights.layers.pop_back();
+    dc::Transformer<dc::cpu>(m.config, std::move(m.weights));
+  }, "weights have 1 layers, config says 2");
+  add("forward", "empty prompt", [&] {
+    auto cache = model.make_cache(8);
+    model.forward(std::vector<std::int32_t>{}, cache);
+  }, "no tokens");
+  add("forward", "token id outside the vocabulary", [&] {
+    auto cache = model.make_cache(8);
+    model.forward(std::vector<std::int32_t>{5, 256}, cache);
+  }, "token id 256 at index 1 outside vocabulary [0, 256)");
+  add("forward", "negative token id", [&] {
+    auto cache = model.make_cache(8);
+    model.forward(std::vector<std::int32_t>{-1}, cache);
+  }, "token id -1");
+  add("forward", "more tokens than the cache holds", [&] {
+    auto cache = model.make_cache(4);
+    model.forward(prompt(5), cache);
+  }, "KV cache full");
+  add("make_cache", "context longer than the model supports", [&] { model.make_cache(cfg.max_position + 1); },
+      "exceeds the model's max_position");
+  add("forward", "cache made for another model", [&] {
+    dc::KVCache<dc::cpu> other(dc::ModelConfig::mistral_7b_v0_1(), 4);
+    model.forward(prompt(2), other);
+  }, "does not match the model");
+  add("forward", "logits buffer too small", [&] {
+    auto cache = model.make_cache(8);
+    std::vector<float> out(10);
+    model.forward(prompt(2), cache, out);
+  }, "logits buffer holds 10 floats, need 256");
+  add("forward", "weights that make the logits NaN", [&] {
+    dc::HfModel m = dc::load_hf_model(kFixtures + "/tiny_mistral");
+    m.weights.final_norm.data()[0] = NAN;  // the loaders reject this; hand-built weights may not
+    dc::Transformer<dc::cpu> broken(m.config, std::move(m.weights));
+    auto cache = broken.make_cache(4);
+    broken.forward(prompt(2), cache);
+  }, "the model produced non-finite logits");
+  add("forward (CUDA)", "cache or weights on another GPU than the model",
+      [&] { dc::check_same_device(0, 1, "the KV cache"); },
+      "the KV cache is on CUDA device 1 but the model runs on CUDA device 0");
+
+  // ---- KV cache -----------------------------------------------------------------------------
+  add("KVCache", "capacity 0", [&] { dc::KVCache<dc::cpu>(cfg, 0); }, "capacity must be positive");
+  add("KVCache::compact", "keep-set not ascending", [&] {
+    auto cache = model.make_cache(8);
+    model.forward(prompt(4), cache);
+    cache.compact({}, std::vector<std::int32_t>{2, 1});
+  }, "strictly ascending");
+  add("KVCache::compact", "slot past the end", [&] {
+    auto cache = model.make_cache(8);
+    model.forward(prompt(4), cache);
+    cache.compact({}, std::vector<std::int32_t>{0, 4});
+  }, "slot 4 outside [0, 4)");
+  add("KVCache", "layer index out of range", [&] { model.make_cache(4).length(2); },
+      "layer 2 outside [0, 2)");
+  add("KVCache::copy_from", "caches of different models", [&] {
+    auto cache = model.make_cache(4);
+    cache.copy_from({}, dc::KVCache<dc::cpu>(dc::ModelConfig::mistral_7b_v0_1(), 4));
+  }, "different model shapes");
+  add("KVCache::truncate", "longer than the cache", [&] { model.make_cache(4).truncate(1); },
+      "truncate to 1 outside [0, 0]");
+
+  // ---- budgets ------------------------------------------------------------------------------
+  add("Budget::resolve", "zero budget", [&] { dc::Budget::of_tokens(0).resolve(16); }, "budget is 0");
+  add("Budget::resolve", "negative token count", [&] { dc::Budget::of_tokens(-3).resolve(16); },
+      "must be positive");
+  add("Budget::resolve", "more tokens than the prompt", [&] { dc::Budget::of_tokens(17).resolve(16); },
+      "exceed the prompt length");
+  add("Budget::resolve", "fraction above 1", [&] { dc::Budget::of_fraction(1.5).resolve(16); },
+      "(0, 1]");
+  add("Budget::resolve", "fraction NaN", [&] { dc::Budget::of_fraction(NAN).resolve(16); },
+      "not finite");
+  add("Budget::resolve", "sink + recent above the budget", [&] {
+    dc::Budget b = dc::Budget::of_tokens(4);
+    b.sink = 3;
+    b.recent = 2;
+    b.resolve(16);
+  }, "exceed the budget of 4");
+  add("Budget::resolve", "chunk 0", [&] {
+    dc::Budget b = dc::Budget::of_tokens(4);
+    b.chunk = 0;
+    b.resolve(16);
+  }, "chunk must be >= 1");
+  add("Budget::resolve", "empty prompt", [&] { dc::Budget::of_tokens(4).resolve(0); },
+      "the prompt is empty");
+
+  // ---- features and policies ----------------------------------------------------------------
+  add("EvictionPolicy::score", "a feature is NaN", [&] {
+    auto& m = tiny_model();
+    auto cache = m.make_cache(8);
+    cache.set_observed_from(0);
+    m.forward(prompt(4), cache);
+    cache.stats(1)[2] = NAN;  // slot 2's attention mass in layer 1
+    const dc::TokenFeatures f = dc::gather_features(m.context(), cache);
+    std::vector<float> s(4);
+    dc::make_baseline_policy("h2o")->score(f, 2, s);
+  }, "features: 'alpha': entry 2 is NaN");
+  add("EvictionPolicy::score", "a feature is inf", [&] {
+    dc::TokenFeatures f = tiny_features();
+    f.value_norm[1] = INFINITY;
+    std::vector<float> s(4);
+    dc::make_baseline_policy("knorm")->score(f, 2, s);
+  }, "features: 'value_norm': entry 1 is +inf");
+  add("EvictionPolicy::score", "feature columns of different lengths", [&] {
+    dc::TokenFeatures f = tiny_features();
+    f.entropy.pop_back();
+    std::vector<float> s(4);
+    dc::make_baseline_policy("tova")->score(f, 2, s);
+  }, "'entropy' has 3 entries for 4 slots");
+  add("EvictionPolicy::score", "scores span of the wrong size", [&] {
+    std::vector<float> s(3);
+    dc::make_baseline_policy("h2o")->score(tiny_features(), 2, s);
+  }, "3 scores for 4 slots");
+  add("EvictionPolicy::score", "negative budget", [&] {
+    std::vector<float> s(4);
+    dc::make_baseline_policy("h2o")->score(tiny_features(), -1, s);
+  }, "negative budget -1");
+  add("EvictionPolicy::score", "a policy writes a NaN score", [&] {
+    std::vector<float> s(4);
+    NanPolicy().score(tiny_features(), 2, s);
+  }, "policy 'nan' gave slot 0 (position 0) a NaN score");
+  add("make_baseline_policy", "unknown name", [&] { dc::make_baseline_policy("lru"); },
+      "unknown policy 'lru' (known: full, random");
+  add("select_keep", "NaN score", [&] {
+    dc::select_keep(std::vector<float>{0, NAN}, std::vector<std::int32_t>{0, 1}, 1);
+  }, "score of slot 1 is NaN");
+  add("select_keep", "scores and positions of different lengths", [&] {
+    dc::select_keep(std::vector<float>{0, 1}, std::vector<std::int32_t>{0}, 1);
+  }, "2 scores for 1 positions");
+  add("select_keep", "negative sink", [&] {
+    dc::select_keep(std::vector<float>{0, 1, 2}, std::vector<std::int32_t>{0, 1, 2}, 1, -1);
+  }, "must be >= 0");
+  add("gather_features", "per-layer keep-sets gathered together", [&] {
+    auto cache = model.make_cache(8);
+    model.forward(prompt(4), cache);
+    cache.compact_layer({}, 0, std::vector<std::int32_t>{0, 1});
+    dc::gather_features(model.context(), cache);
+  }, "hold different slots");
+
+  // ---- the evicting decoder -----------------------------------------------------------------
+  // Static: the rows run after this function returns.
+  static const std::shared_ptr<dc::EvictionPolicy> h2o = dc::make_baseline_policy("h2o");
+  static const dc::Budget half = dc::Budget::of_fraction(0.5);
+  add("EvictingDecoder", "max_prompt 0", [&] {
+    dc::EvictingDecoder<dc::cpu>(model, *h2o, half, dc::EvictionMode::decode, 0, 4);
+  }, "max_prompt 0 must be positive");
+  add("EvictingDecoder", "max_prompt + max_new_tokens past max_position", [&] {
+    dc::EvictingDecoder<dc::cpu>(model, *h2o, half, dc::EvictionMode::decode, 200, 100);
+  }, "exceed the model's max_position 256");
+  add("EvictingDecoder::prefill", "empty prompt", [&] {
+    dc::EvictingDecoder<dc::cpu> dec(model, *h2o, half, dc::EvictionMode::decode, 8, 4);
+    dec.prefill(std::vector<std::int32_t>{});
+  }, "empty prompt");
+  add("EvictingDecoder::prefill", "prompt longer than max_prompt", [&] {
+    dc::EvictingDecoder<dc::cpu> dec(model, *h2o, half, dc::EvictionMode::decode, 8, 4);
+    dec.prefill(prompt(9));
+  }, "prompt of 9 tokens exceeds max_prompt 8");
+  add("EvictingDecoder::prefill", "budget larger than the prompt", [&] {
+    dc::EvictingDecoder<dc::cpu> dec(model, *h2o, dc::Budget::of_tokens(12), dc::EvictionMode::decode, 16, 4);
+    dec.prefill(prompt(8));
+  }, "12 tokens exceed the prompt length 8");
+  add("EvictingDecoder::step", "step before prefill", [&] {
+    dc::EvictingDecoder<dc::cpu> dec(model, *h2o, half, dc::EvictionMode::decode, 8, 4);
+    dec.step(1);
+  }, "step() before prefill()");
+  add("EvictingDecoder::step", "more steps than max_new_tokens", [&] {
+    dc::EvictingDecoder<dc::cpu> dec(model, *h2o, half, dc::EvictionMode::prefill, 8, 2);
+    dec.prefill(prompt(8));
+    for (int i = 0; i < 7; ++i) dec.step(1);
+  }, "past max_new_tokens");
+  add("EvictingDecoder::adopt_prefill", "cache prefilled with another observation window", [&] {
+    auto cache = model.make_cache(8);
+    cache.set_observed_from(0);
+    const auto logits = model.forward(prompt(8), cache);
+    auto snapkv = dc::make_baseline_policy("snapkv");  // observes the last 64 queries: from 0
+    auto tova = dc::make_baseline_policy("tova");      // observes the last query only: from 7
+    dc::EvictingDecoder<dc::cpu>(model, *snapkv, half, dc::EvictionMode::decode, 8, 4)
+        .adopt_prefill(cache, logits);
+    dc::EvictingDecoder<dc::cpu>(model, *tova, half, dc::EvictionMode::decode, 8, 4)
+        .adopt_prefill(cache, logits);
+  }, "policy 'tova' needs 7");
+
+  // ---- sampling and metrics -----------------------------------------------------------------
+  add("argmax", "no logits", [&] { dc::argmax({}); }, "argmax: no logits");
+  add("argmax", "a NaN logit", [&] { dc::argmax(std::vector<float>{0, NAN, 1}); },
+      "argmax: logit of token 1 is NaN");
+  add("argmax", "every logit -inf", [&] { dc::argmax(std::vector<float>{-INFINITY, -INFINITY}); },
+      "every logit is -inf");
+  add("sample_token", "temperature negative", [&] {
+    std::mt19937 rng(1);
+    dc::sample_token(std::vector<float>{0, 1}, {-1.0f, 0}, rng);
+  }, "temperature must be finite and >= 0");
+  add("sample_token", "temperature NaN", [&] {
+    std::mt19937 rng(1);
+    dc::sample_token(std::vector<float>{0, 1}, {NAN, 0}, rng);
+  }, "temperature must be finite and >= 0");
+  add("sample_token", "top_k negative", [&] {
+    std::mt19937 rng(1);
+    dc::sample_token(std::vector<float>{0, 1}, {1.0f, -2}, rng);
+  }, "top_k must be >= 0");
+  add("sample_token", "a +inf logit", [&] {
+    std::mt19937 rng(1);
+    dc::sample_token(std::vector<float>{0, INFINITY}, {1.0f, 0}, rng);
+  }, "sample_token: logit of token 1 is +inf");
+  add("kl_divergence", "rows of different lengths", [&] {
+    dc::kl_divergence(std::vector<float>{0, 1}, std::vector<float>{0});
+  }, "kl_divergence: 2 vs 1 logits");
+  add("kl_divergence", "a NaN logit", [&] {
+    dc::kl_divergence(std::vector<float>{0, 1}, std::vector<float>{NAN, 0});
+  }, "log_sum_exp: logit of token 0 is NaN");
+  add("FidelityTotals::add", "target outside the vocabulary", [&] {
+    dc::FidelityTotals t;
+    volatile std::int32_t target = 2;  // opaque to GCC, whose -Warray-bounds ignores the check
+    t.add(std::vector<float>{0, 1}, std::vector<float>{0, 1}, target);
+  }, "target token 2 outside the vocabulary");
+  add("FidelityEvaluator", "no budgets", [&] {
+    dc::FidelityEvaluator<dc::cpu, float>(model, {h2o.get()}, {}, dc::EvictionMode::decode);
+  }, "give at least one of each");
+  add("FidelityEvaluator", "null policy", [&] {
+    dc::FidelityEvaluator<dc::cpu, float>(model, {nullptr}, {half}, dc::EvictionMode::decode);
+  }, "policy 0 is null");
+  add("FidelityEvaluator::add_context", "empty continuation", [&] {
+    dc::FidelityEvaluator<dc::cpu, float> e(model, {h2o.get()}, {half}, dc::EvictionMode::decode);
+    e.add_context(prompt(8), std::vector<std::int32_t>{}, [](std::size_t) {});
+  }, "empty prompt or continuation");
+
+  // ---- text corpora -------------------------------------------------------------------------
+  add("list_text_files", "path does not exist", [&] { dc::list_text_files(tmp / "nowhere"); },
+      "does not exist");
+  add("list_text_files", "folder without .txt files", [&] {
+    fs::create_directories(tmp / "no_text");
+    dc::list_text_files(tmp / "no_text");
+  }, "no .txt files");
+  return rows;
+}
+
+}  // namespace
+
+TEST_CASE("every bad input raises dc::Error naming the problem") {
+  dc_test::TempDir tmp("dc_bad_input");
+  const bool print = std::getenv("DC_ERROR_TABLE") != nullptr;
+  if (print) std::cout << "| entry point | bad input | message |\n|---|---|---|\n";
+  for (const BadInput& row : bad_inputs(tmp)) {
+    CAPTURE(row.area);
+    CAPTURE(row.input);
+    std::string message;
+    try {
+      row.call();
+    } catch (const dc::Error& e) {
+      message = e.message();
+    }
+    CHECK_MESSAGE(message.find(row.expect) != std::string::npos, "message: '", message,
+                  "' lacks '", row.expect, "'");
+    if (print) {
+      // Paths under the temp folder change per run; show them relative to it.
+      std::string shown = message;
+      for (std::size_t at; (at = shown.find(tmp.path.string())) != std::string::npos;)
+        shown.replace(at, tmp.path.string().size(), "$TMP");
+      for (std::size_t at; (at = shown.find(kFixtures)) != std::string::npos;)
+        shown.replace(at, kFixtures.size(), "tests/fixtures");
+      for (std::size_t at; (at = shown.find('|')) != std::string::npos;) shown.replace(at, 1, "\\|");
+      std::cout << "| `" << row.area << "` | " << row.input << " | " << shown << " |\n";
+    }
+  }
+}
+
+TEST_CASE("the -inf logits that are allowed behave: zero probability, never sampled") {
+  const std::vector<float> logits{-INFINITY, 0.0f, std::log(3.0f), -INFINITY};
+  CHECK(dc::log_sum_exp(logits) == doctest::Approx(std::log(4.0)).epsilon(1e-6));
+  CHECK(dc::argmax(logits) == 2);
+  std::mt19937 rng(7);
+  for (int i = 0; i < 200; ++i) {
+    const auto t = dc::sample_token(logits, {1.0f, 0}, rng);
+    CHECK((t == 1 || t == 2));
+  }
+  // P allows token 0 that Q bans: KL(P || Q) is +inf; the reverse is finite.
+  const std::vector<float> p{0.0f, 0.0f}, q{-INFINITY, 0.0f};
+  CHECK(std::isinf(dc::kl_divergence(p, q)));
+  CHECK(dc::kl_divergence(q, p) == doctest::Approx(std::log(2.0)).epsilon(1e-6));
+}
