@@ -16,6 +16,8 @@
 
 #include <distillcache/distillcache.hpp>
 
+#include "../common/cli.hpp"
+
 namespace {
 
 std::vector<std::string> split(const std::string& s) {
@@ -42,6 +44,7 @@ double parse_fraction(const std::string& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  using namespace dc_examples;
   CLI::App app{"Fidelity of evicted KV caches against the full cache (distillcache)."};
   std::string model_path, text_path, csv_path, budgets_arg = "0.125,0.25,0.5",
                                                 policies_arg = "random,streaming,h2o,snapkv,tova,knorm",
@@ -50,21 +53,22 @@ int main(int argc, char** argv) {
   std::uint64_t seed = 0;
   app.add_option("--model", model_path, "GGUF model file")->required();
   app.add_option("--text", text_path, "a .txt file or a folder of them")->required();
-  app.add_option("--context", context, "prompt tokens L")->check(CLI::Range(1, 1 << 20));
-  app.add_option("--continuation", continuation, "teacher-forced tokens T")->check(CLI::Range(1, 1 << 16));
-  app.add_option("--budget", budgets_arg, "kept fractions of the prompt, e.g. 0.125,0.25,0.5");
+  app.add_option("--context", context, "prompt tokens L")->check(integer_in(1, 1 << 20));
+  app.add_option("--continuation", continuation, "teacher-forced tokens T")->check(integer_in(1, 1 << 16));
+  app.add_option("--budget", budgets_arg, "kept fractions of the prompt, e.g. 0.125,0.25,0.5")
+      ->check(number_list());
   app.add_option("--policy", policies_arg, "policies: full,random,streaming,h2o,snapkv,tova,knorm");
-  app.add_option("--max-contexts", max_contexts, "contexts to evaluate")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--max-contexts", max_contexts, "contexts to evaluate")->check(integer_in(1, 1 << 20));
   app.add_option("--mode", mode_arg, "prefill: compress once; decode: also evict while decoding")
       ->check(CLI::IsMember({"prefill", "decode"}));
-  app.add_option("--chunk", chunk, "decode-mode slack: evict back to B at B + chunk")->check(CLI::Range(1, 1 << 16));
-  app.add_option("--sink", sink, "first tokens always kept")->check(CLI::NonNegativeNumber);
-  app.add_option("--recent", recent, "newest tokens always kept")->check(CLI::NonNegativeNumber);
-  app.add_option("--seed", seed, "seed of the random policy");
+  app.add_option("--chunk", chunk, "decode-mode slack: evict back to B at B + chunk")->check(integer_in(1, 1 << 16));
+  app.add_option("--sink", sink, "first tokens always kept")->check(integer_in(0, 1 << 20));
+  app.add_option("--recent", recent, "newest tokens always kept")->check(integer_in(0, 1 << 20));
+  app.add_option("--seed", seed, "seed of the random policy")->check(unsigned_integer());
   app.add_option("--csv", csv_path, "write the results as CSV here");
-  CLI11_PARSE(app, argc, argv);
+  if (const auto status = parse_command_line(app, argc, argv, "eval")) return *status;
 
-  try {
+  return run_reporting_errors("eval", [&]() -> int {
     const auto policy_names = split(policies_arg);
     DC_CHECK(!policy_names.empty(), "--policy: no policy given");
     std::vector<std::unique_ptr<dc::EvictionPolicy>> owned;
@@ -86,6 +90,14 @@ int main(int argc, char** argv) {
     }
     DC_CHECK(!budgets.empty(), "--budget: no budget given");
 
+    // An unwritable --csv fails now, not after the evaluation: a probe that neither truncates an
+    // existing file nor leaves a new one behind.
+    if (!csv_path.empty()) check_writable(csv_path, "--csv");
+
+    std::error_code ec;
+    DC_CHECK(!std::filesystem::is_directory(model_path, ec), "--model: '", model_path,
+             "' is a folder; eval needs a .gguf file (it uses the model's tokenizer)");
+    model_format(model_path);  // exists, and is a GGUF file
     dc::GgufFile file(model_path);
     dc::HfModel m = dc::load_gguf_model(file);
     const dc::Tokenizer tokenizer(dc::tokenizer_data_from_gguf(file));
@@ -112,7 +124,7 @@ int main(int argc, char** argv) {
     std::ofstream csv;
     if (!csv_path.empty()) {
       csv.open(csv_path);
-      DC_CHECK(csv, "cannot write ", csv_path);
+      DC_CHECK(csv, "--csv: cannot write '", csv_path, "'");
       csv << "policy,budget,kl_mean,top1_agreement,ppl_ratio,n_contexts,n_steps\n";
     }
     std::printf("%-10s %7s %10s %8s %9s %9s %8s\n", "policy", "budget", "kl_mean", "top1", "ppl_ratio",
@@ -122,16 +134,14 @@ int main(int argc, char** argv) {
         const auto& t = eval.totals()[p * budgets.size() + b];
         std::printf("%-10s %7.4g %10.5f %8.4f %9.4f %9d %8lld\n", policy_names[p].c_str(), fractions[b],
                     t.kl_mean(), t.top1_agreement(), t.ppl_ratio(), eval.contexts(), (long long)t.steps);
-        if (csv)
+        if (csv.is_open())
           csv << policy_names[p] << ',' << fractions[b] << ',' << t.kl_mean() << ',' << t.top1_agreement()
               << ',' << t.ppl_ratio() << ',' << eval.contexts() << ',' << t.steps << '\n';
       }
+    if (csv.is_open()) {
+      csv.close();
+      DC_CHECK(csv, "--csv: writing '", csv_path, "' failed");
+    }
     return 0;
-  } catch (const dc::Error& e) {
-    std::fprintf(stderr, "eval: error: %s\n", e.message().c_str());
-    return 1;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "eval: error: %s\n", e.what());
-    return 1;
-  }
+  });
 }

@@ -23,6 +23,11 @@ static int run_cuda_as(dc::HfModel& model, const GenerateOptions& opt,
 }
 
 int run_cuda(dc::HfModel model, const GenerateOptions& opt, const dc::Tokenizer* tokenizer) {
+  // No GPU (or no driver) is a user-facing condition, not a failed CUDA call: say so plainly.
+  int devices = 0;
+  const cudaError_t status = cudaGetDeviceCount(&devices);
+  DC_CHECK(status == cudaSuccess && devices > 0, "--device cuda: no usable CUDA device (",
+           status == cudaSuccess ? "none found" : cudaGetErrorString(status), ")");
   if (opt.dtype == "bf16") return run_cuda_as<dc::bf16>(model, opt, tokenizer);
   return run_cuda_as<float>(model, opt, tokenizer);
 }

@@ -6,11 +6,13 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <limits>
 #include <optional>
 #include <sstream>
 
 #include <distillcache/distillcache.hpp>
 
+#include "../common/cli.hpp"
 #include "generation.hpp"
 #include "options.hpp"
 #include "report.hpp"
@@ -18,8 +20,6 @@
 namespace dc_examples {
 
 int run_cpu(dc::HfModel model, const GenerateOptions& opt, const dc::Tokenizer* tokenizer) {
-  DC_CHECK(opt.dtype == "f32", "the CPU backend computes in f32; --dtype ", opt.dtype,
-           " is for --device cuda");
   dc::Transformer<dc::cpu> transformer(model.config, std::move(model.weights), opt.max_chunk);
   const auto policy = make_policy(opt);
   const auto result = generate(transformer, opt.prompt, opt.max_new_tokens, opt.sampling, opt.seed,
@@ -48,10 +48,6 @@ std::vector<std::int32_t> parse_token_list(const std::string& text) {
   return ids;
 }
 
-bool is_gguf(const std::string& path) {
-  return path.size() > 5 && path.compare(path.size() - 5, 5, ".gguf") == 0;
-}
-
 }  // namespace dc_examples
 
 int main(int argc, char** argv) {
@@ -66,25 +62,36 @@ int main(int argc, char** argv) {
   auto* tokens_opt = app.add_option("--tokens", tokens, "prompt as comma-separated token ids, e.g. 1,2,3");
   prompt_opt->excludes(tokens_opt);
   app.add_option("--max-new-tokens", opt.max_new_tokens, "tokens to generate")
-      ->check(CLI::Range(1, 1 << 20));
+      ->check(integer_in(1, 1 << 20));
   app.add_option("--temperature", opt.sampling.temperature, "0 = greedy")
-      ->check(CLI::Range(0.0f, 100.0f));
+      ->check(finite_number(0.0, 100.0));
   app.add_option("--top-k", opt.sampling.top_k, "sample from the k most likely (0 = all)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--seed", opt.seed, "sampling seed");
+      ->check(integer_in(0, std::numeric_limits<int>::max()));
+  app.add_option("--seed", opt.seed, "sampling seed")->check(unsigned_integer());
   app.add_option("--device", opt.device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--dtype", opt.dtype, "weight storage on cuda: f32 or bf16")
       ->check(CLI::IsMember({"f32", "bf16"}));
-  app.add_option("--max-chunk", opt.max_chunk, "prefill chunk size")->check(CLI::Range(1, 8192));
+  app.add_option("--max-chunk", opt.max_chunk, "prefill chunk size")->check(integer_in(1, 8192));
   app.add_option("--policy", opt.policy, "KV-cache eviction: full, random, streaming, h2o, snapkv, tova, knorm");
-  app.add_option("--budget", opt.budget, "fraction of the prompt the cache keeps (with --policy)");
-  CLI11_PARSE(app, argc, argv);
+  app.add_option("--budget", opt.budget, "fraction of the prompt the cache keeps (with --policy)")
+      ->check(number());
+  if (const auto status = parse_command_line(app, argc, argv, "generate")) return *status;
 
-  try {
+  return run_reporting_errors("generate", [&]() -> int {
+    // Everything the command line alone can tell is checked before the model loads.
     DC_CHECK(!prompt_text.empty() || !tokens.empty(), "give a prompt: --prompt TEXT or --tokens IDS");
+#if !defined(DC_WITH_CUDA)
+    DC_CHECK(opt.device != "cuda",
+             "--device cuda: this build of generate has no CUDA backend (configure with nvcc available)");
+#endif
+    DC_CHECK(opt.device == "cuda" || opt.dtype == "f32", "--dtype ", opt.dtype,
+             " is for --device cuda; the CPU backend computes in f32");
+    make_policy(opt);  // an unknown name fails here
+    if (!tokens.empty()) opt.prompt = parse_token_list(tokens);
+
     dc::HfModel model;
     std::optional<dc::Tokenizer> tokenizer;
-    if (is_gguf(opt.model_path)) {
+    if (model_format(opt.model_path) == ModelFormat::gguf) {
       dc::GgufFile file(opt.model_path);
       model = dc::load_gguf_model(file);
       tokenizer.emplace(dc::tokenizer_data_from_gguf(file));
@@ -96,26 +103,21 @@ int main(int argc, char** argv) {
                                       "(use a .gguf model, or --tokens)");
       opt.prompt = tokenizer->encode(prompt_text, /*add_special=*/true);
       DC_CHECK(!opt.prompt.empty(), "--prompt: the text encodes to no tokens");
-    } else {
-      opt.prompt = parse_token_list(tokens);
     }
+    const int vocab = model.config.vocab_size;
+    for (const auto id : opt.prompt)
+      DC_CHECK(id < vocab, "prompt token id ", id, " is outside the model's vocabulary [0, ", vocab, ")");
+    const long long needed = static_cast<long long>(opt.prompt.size()) + opt.max_new_tokens;
+    DC_CHECK(needed <= model.config.max_position, "the prompt (", opt.prompt.size(),
+             " tokens) + --max-new-tokens ", opt.max_new_tokens, " = ", needed,
+             " tokens exceed the model's context of ", model.config.max_position);
     make_budget(opt).resolve(static_cast<int>(opt.prompt.size()));  // fail before any output
-    make_policy(opt);
+
     const dc::Tokenizer* tok = tokenizer ? &*tokenizer : nullptr;
     if (tok) std::printf("%s", prompt_text.c_str());
-    if (opt.device == "cuda") {
 #if defined(DC_WITH_CUDA)
-      return run_cuda(std::move(model), opt, tok);
-#else
-      DC_FAIL("this build of generate has no CUDA backend (configure with nvcc available)");
+    if (opt.device == "cuda") return run_cuda(std::move(model), opt, tok);
 #endif
-    }
     return run_cpu(std::move(model), opt, tok);
-  } catch (const dc::Error& e) {
-    std::fprintf(stderr, "generate: error: %s\n", e.message().c_str());
-    return 1;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "generate: error: %s\n", e.what());
-    return 1;
-  }
+  });
 }

@@ -123,7 +123,7 @@ TEST_CASE("SmolLM2 GGUF: every tensor dequantizes to finite values; rows equal g
   }
 }
 
-TEST_CASE("SmolLM2 GGUF: load_gguf_model is fast, unpermutes Q, and its logits match Hugging Face") {
+TEST_CASE("SmolLM2 GGUF: load_gguf_model unpermutes Q, and its logits match Hugging Face") {
   fs::path path;
   if (!have_model(path)) return;
   dc::SafetensorsFile rows(kRows);
@@ -131,8 +131,8 @@ TEST_CASE("SmolLM2 GGUF: load_gguf_model is fast, unpermutes Q, and its logits m
   const auto start = std::chrono::steady_clock::now();
   dc::HfModel m = dc::load_gguf_model(path);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  // Reported, not asserted: speed is measured in benchmarks, and sanitizer builds are slow.
   MESSAGE("load_gguf_model(SmolLM2-135M Q4_1, 98 MB -> fp32): " << seconds << " s");
-  CHECK(seconds < 20.0);  // ~0.3 s in Release; generous for sanitizer builds
 
   // Q row r of a head takes stored row rope_unpermute_source(r): rows 0, 1, 575 of the file
   // land at rows 0, 32 (first of the second half) and 575 (last row of the last head).

@@ -6,6 +6,10 @@
 #include <random>
 #include <vector>
 
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
 #include <distillcache/distillcache.hpp>
 #include <distillcache/io/safetensors.hpp>
 
@@ -121,7 +125,9 @@ TEST_CASE("GQA head mapping groups consecutive query heads") {
 
 TEST_CASE("matmul equals a double-precision reference for every tile shape") {
   for (int n : {1, 2, 3, 4, 5, 13}) {
-    for (auto [in, out] : {std::pair{7, 3}, std::pair{64, 65}, std::pair{100, 130}, std::pair{9, 1}}) {
+    for (const auto& shape : {std::pair{7, 3}, std::pair{64, 65}, std::pair{100, 130}, std::pair{9, 1}}) {
+      // Named ints, not a structured binding: clang < 16 cannot capture those in INFO's lambda.
+      const int in = shape.first, out = shape.second;
       auto x = random_vector(std::size_t(n) * in, 1);
       auto w = random_vector(std::size_t(out) * in, 2);
       auto base = random_vector(std::size_t(n) * out, 3);
@@ -186,6 +192,34 @@ TEST_CASE("attention equals an explicit masked softmax over a compacted cache") 
       }
     }
 }
+
+#if defined(_OPENMP)
+TEST_CASE("attention statistics over a long cache are identical for 1 and 2 threads") {
+  // Past 4096 slots the statistics fold runs in parallel over slots; each slot must still be
+  // accumulated by one thread in query order (also what the ThreadSanitizer run exercises).
+  const int len = 5000, n = 3;
+  const dc::AttentionShape s{4, 2, 8, 0, 1.0f / std::sqrt(8.0f), len};
+  std::vector<std::int32_t> key_pos(static_cast<std::size_t>(len));
+  for (int j = 0; j < len; ++j) key_pos[std::size_t(j)] = j;
+  const std::vector<std::int32_t> query_pos{len - 3, len - 2, len - 1};
+  const auto kc = random_vector(std::size_t(s.num_kv_heads) * len * s.head_dim, 7);
+  const auto vc = random_vector(kc.size(), 8);
+  const auto q = random_vector(std::size_t(n) * s.num_heads * s.head_dim, 9);
+  auto run = [&](int threads) {
+    const int saved = omp_get_max_threads();
+    omp_set_num_threads(threads);
+    std::vector<float> out(q.size()), stats(std::size_t(dc::stat_rows(s.num_heads)) * len, 0.0f);
+    dc::attention(dc::Context<dc::cpu>{}, out.data(), q.data(), kc.data(), vc.data(),
+                  key_pos.data(), len, query_pos.data(), n, s, dc::AttentionStats{stats.data(), 1});
+    omp_set_num_threads(saved);
+    out.insert(out.end(), stats.begin(), stats.end());
+    return out;
+  };
+  const auto one = run(1);
+  CHECK(one == run(2));
+  CHECK(one[q.size() + std::size_t(dc::kStatQueries) * len] == 2.0f);  // queries 1 and 2 observed
+}
+#endif
 
 TEST_CASE("bf16 and f16 conversions round to nearest even and keep specials") {
   CHECK(dc::to_float(dc::to_bf16(1.0f)) == 1.0f);

@@ -1,0 +1,260 @@
+#!/usr/bin/env bash
+# Every bad input to the example programs ends in one line on stderr and exit status 1 (unusable
+# input) or 2 (malformed command line), never a signal, a hang, an uncaught exception or output
+# on stdout. See examples/common/cli.hpp for the contract.
+#
+#   bad_args.sh GENERATE EVAL FIXTURE_DIR [SMOLLM2_GGUF]
+#
+# The cases run on the tiny fixture models. The few that need a real tokenizer use the SmolLM2
+# GGUF: the fourth argument, else $DC_SMOLLM2_GGUF, else the scripts/fetch_model.sh cache; they
+# are skipped, with a note, when that file is absent.
+#
+# Prints a markdown table: case | example | message (as printed) | exit. Exit status 0 when every
+# case behaves, 1 otherwise.
+set -uo pipefail
+
+if [ $# -lt 3 ]; then
+  echo "usage: $0 GENERATE EVAL FIXTURE_DIR [SMOLLM2_GGUF]" >&2
+  exit 2
+fi
+generate=$(realpath "$1")
+eval_bin=$(realpath "$2")
+fix=$(realpath "$3")
+model=${4:-${DC_SMOLLM2_GGUF:-${XDG_CACHE_HOME:-$HOME/.cache}/distillcache/SmolLM2-135M-Instruct.Q4_1.gguf}}
+if [ -f "$model" ]; then model=$(realpath "$model"); else model=""; fi
+for f in "$generate" "$eval_bin"; do
+  [ -x "$f" ] || { echo "bad_args: $f is not an executable" >&2; exit 1; }
+done
+
+start=$SECONDS
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+# The few cases that compute anything are tiny; one thread keeps them quick on a busy machine.
+export OMP_NUM_THREADS=1
+# No case needs a GPU, and "--device cuda" must fail the same way on a machine that has one.
+export CUDA_VISIBLE_DEVICES=
+
+# ---- Bad inputs on disk --------------------------------------------------------------------
+# Everything runs in the scratch folder with relative paths, so the messages read the same on
+# every machine (the table goes into the README).
+cd "$tmp"
+cp -r "$fix/tiny_mistral" "$fix/gguf/tiny_llama_tied.gguf" "$fix/gguf/types_f32.gguf" \
+  "$fix/tokenizer/spm_tiny.gguf" .
+tiny_hf=tiny_mistral
+tiny_gguf=tiny_llama_tied.gguf
+echo "just some notes" > "notes.txt"
+cp "notes.txt" "notes.gguf"
+: > "empty.gguf"
+head -c 1000 "$tiny_gguf" > "cut_in_metadata.gguf"
+head -c 100000 "$tiny_gguf" > "cut_in_tensors.gguf"
+mkdir "no_config" && cp "$tiny_hf/model.safetensors" "no_config/"
+mkdir "cut_weights" && cp "$tiny_hf/config.json" "cut_weights/" &&
+  head -c 2000 "$tiny_hf/model.safetensors" > "cut_weights/model.safetensors"
+mkdir "empty_weights" && cp "$tiny_hf/config.json" "empty_weights/" &&
+  : > "empty_weights/model.safetensors"
+mkdir "bad_json" && echo '{"hidden_size": ' > "bad_json/config.json" &&
+  cp "$tiny_hf/model.safetensors" "bad_json/"
+mkdir "zero_heads" && cp "$tiny_hf/model.safetensors" "zero_heads/" &&
+  sed 's/"num_attention_heads": 4/"num_attention_heads": 0/' "$tiny_hf/config.json" > "zero_heads/config.json"
+mkdir "wrong_weights" && cp "$tiny_hf/config.json" "wrong_weights/" &&
+  cp "$fix/tiny_llama_tied/model.safetensors" "wrong_weights/"
+mkdir "no_txt" && echo "not text" > "no_txt/data.bin"
+mkdir "empty_txt" && : > "empty_txt/a.txt"
+mkdir "short_txt" && echo "Hello there." > "short_txt/a.txt"
+mkdir "words" && for i in $(seq 200); do printf 'the cat sat on the mat %d. ' "$i"; done > "words/a.txt"
+long_prompt=$(for i in $(seq 9000); do printf 'word '; done)
+ids_300=$(printf '1,%.0s' $(seq 299))1
+
+# ---- The runner ----------------------------------------------------------------------------
+failures=0
+ran=0
+skipped=()
+rows=()
+
+# bad NAME PROGRAM EXPECTED_EXIT KEYWORD -- ARGS...: one bad input.
+bad() {
+  local name=$1 prog=$2 want=$3 keyword=$4
+  shift 5
+  local bin=$generate
+  [ "$prog" = eval ] && bin=$eval_bin
+  local out=out err=err
+  timeout 60 "$bin" "$@" > "$out" 2> "$err" < /dev/null
+  local rc=$?
+  ran=$((ran + 1))
+  local msg problems=()
+  msg=$(head -n 1 "$err")
+  if [ "$rc" -eq 124 ]; then problems+=("hung (killed after 60 s)")
+  elif [ "$rc" -ge 126 ]; then problems+=("exit $rc (signal or exec failure)")
+  elif [ "$rc" -ne "$want" ]; then problems+=("exit $rc, expected $want")
+  fi
+  local lines
+  lines=$(wc -l < "$err")
+  if [ ! -s "$err" ]; then problems+=("nothing on stderr")
+  elif [ "$lines" -ne 1 ] || [ "$(tail -c 1 "$err" | od -An -c | tr -d ' ')" != '\n' ]; then
+    problems+=("stderr is not exactly one line")
+  fi
+  [[ "$msg" == "$prog: error: "?* ]] || problems+=("message does not start with '$prog: error: '")
+  [[ "$msg" == *"$keyword"* ]] || problems+=("message lacks '$keyword'")
+  if grep -qiE 'terminate called|segmentation|aborted|core dumped|sanitizer|runtime error:' "$err"; then
+    problems+=("crash report on stderr")
+  fi
+  [ -s "$out" ] && problems+=("output on stdout")
+  if [ ${#problems[@]} -gt 0 ]; then
+    failures=$((failures + 1))
+    {
+      echo "FAIL: $name: $(IFS=';'; echo "${problems[*]}")"
+      echo "  command: $prog $*" | cut -c1-300
+      echo "  stderr:"; head -c 2000 "$err" | sed 's/^/    /'; echo
+      echo "  stdout:"; head -c 500 "$out" | sed 's/^/    /'; echo
+    } >&2
+  fi
+  rows+=("| $name | $prog | \`${msg//|/\\|}\` | $rc |")
+}
+
+# needs_model NAME: false (and noted) when the real model is absent.
+needs_model() {
+  [ -n "$model" ] && return 0
+  skipped+=("$1")
+  return 1
+}
+
+# good NAME PROGRAM -- ARGS...: a control that must succeed (the harness and fixtures are fine).
+good() {
+  local name=$1 prog=$2
+  shift 3
+  local bin=$generate
+  [ "$prog" = eval ] && bin=$eval_bin
+  timeout 60 "$bin" "$@" > "out" 2> "err" < /dev/null
+  local rc=$?
+  if [ "$rc" -ne 0 ]; then
+    failures=$((failures + 1))
+    echo "FAIL: control '$name' exited $rc:" >&2
+    head -c 2000 "err" | sed 's/^/    /' >&2
+  fi
+}
+
+G=(--model "$tiny_hf" --tokens 1,2,3)  # a valid generate command line, to add one bad flag to
+E=(--model "$tiny_gguf" --text "empty_txt" --context 16 --continuation 4)  # fails only at the text
+
+# ---- Controls ------------------------------------------------------------------------------
+good "generate --help" generate -- --help
+good "eval --help" eval -- --help
+good "generate, tiny model" generate -- "${G[@]}" --max-new-tokens 2
+if needs_model "eval, SmolLM2"; then
+  good "eval, SmolLM2" eval -- --model "$model" --text "words" --context 16 --continuation 4 \
+    --max-contexts 1 --policy streaming --budget 0.5 --csv "ok.csv"
+  if [ "$(wc -l < ok.csv 2> /dev/null)" != 2 ]; then
+    failures=$((failures + 1))
+    echo "FAIL: control 'eval, SmolLM2' did not write a CSV header and one row" >&2
+  fi
+fi
+
+# ---- generate: the command line ------------------------------------------------------------
+bad "unknown flag"                        generate 2 "--bogus"            -- "${G[@]}" --bogus
+bad "misspelt --model, no --model"        generate 2 "--modle"            -- --modle "$tiny_hf" --tokens 1
+bad "stray positional argument"           generate 2 "stray"              -- "${G[@]}" stray
+bad "--model missing"                     generate 2 "--model is required" -- --tokens 1,2,3
+bad "--model without a value"             generate 2 "--model"            -- --model
+bad "--model twice"                       generate 2 "--model"            -- "${G[@]}" --model "$tiny_hf"
+bad "--prompt and --tokens together"      generate 2 "excludes"           -- "${G[@]}" --prompt hi
+bad "no prompt at all"                    generate 1 "give a prompt"      -- --model "$tiny_hf"
+bad "--prompt empty"                      generate 1 "give a prompt"      -- --model "$tiny_hf" --prompt ""
+bad "--tokens empty"                      generate 1 "give a prompt"      -- --model "$tiny_hf" --tokens ""
+bad "--tokens not numbers"                generate 1 "not an integer"     -- --model "$tiny_hf" --tokens abc
+bad "--tokens with an empty item"         generate 1 "not an integer"     -- --model "$tiny_hf" --tokens 1,,2
+bad "--tokens negative id"                generate 1 "out of range"       -- --model "$tiny_hf" --tokens 1,-1
+bad "--tokens id beyond int32"            generate 1 "out of range"       -- --model "$tiny_hf" --tokens 99999999999
+bad "--tokens id outside the vocabulary"  generate 1 "vocabulary"         -- --model "$tiny_hf" --tokens 1,256
+bad "--max-new-tokens 0"                  generate 2 "--max-new-tokens"   -- "${G[@]}" --max-new-tokens 0
+bad "--max-new-tokens negative"           generate 2 "--max-new-tokens"   -- "${G[@]}" --max-new-tokens -5
+bad "--max-new-tokens not a number"       generate 2 "not an integer"     -- "${G[@]}" --max-new-tokens abc
+bad "--max-new-tokens absurd"             generate 2 "--max-new-tokens"   -- "${G[@]}" --max-new-tokens 99999999999999999999
+bad "--max-new-tokens past the context"   generate 1 "context of 256"     -- "${G[@]}" --max-new-tokens 1000
+bad "--tokens longer than the context"    generate 1 "context of 256"     -- --model "$tiny_hf" --tokens "$ids_300"
+bad "--temperature negative"              generate 2 "--temperature"      -- "${G[@]}" --temperature -1
+bad "--temperature NaN"                   generate 2 "finite"             -- "${G[@]}" --temperature nan
+bad "--temperature inf"                   generate 2 "finite"             -- "${G[@]}" --temperature inf
+bad "--temperature not a number"          generate 2 "not a number"       -- "${G[@]}" --temperature warm
+bad "--top-k negative"                    generate 2 "--top-k"            -- "${G[@]}" --top-k -1
+bad "--top-k not a number"                generate 2 "not an integer"     -- "${G[@]}" --top-k many
+bad "--seed negative"                     generate 2 "--seed"             -- "${G[@]}" --seed -1
+bad "--max-chunk 0"                       generate 2 "--max-chunk"        -- "${G[@]}" --max-chunk 0
+bad "--device cuda, no GPU"               generate 1 "--device cuda"      -- "${G[@]}" --device cuda
+bad "--device bogus"                      generate 2 "--device"           -- "${G[@]}" --device tpu
+bad "--dtype bogus"                       generate 2 "--dtype"            -- "${G[@]}" --dtype f64
+bad "--dtype bf16 on the CPU"             generate 1 "--dtype bf16"       -- "${G[@]}" --dtype bf16
+bad "--policy unknown"                    generate 1 "unknown policy"     -- "${G[@]}" --policy lru
+bad "--budget 0"                          generate 1 "budget"             -- "${G[@]}" --policy h2o --budget 0
+bad "--budget negative"                   generate 1 "budget"             -- "${G[@]}" --policy h2o --budget -0.5
+bad "--budget above 1"                    generate 1 "budget"             -- "${G[@]}" --policy h2o --budget 1.5
+bad "--budget NaN"                        generate 1 "budget"             -- "${G[@]}" --policy h2o --budget nan
+bad "--budget not a number"               generate 2 "--budget"           -- "${G[@]}" --policy h2o --budget half
+
+# ---- generate: the model -------------------------------------------------------------------
+bad "model file missing"                  generate 1 "does not exist"     -- --model "none.gguf" --tokens 1
+bad "folder without config.json"          generate 1 "no config.json"     -- --model "no_config" --tokens 1
+bad "text file as --model"                generate 1 "neither a GGUF file" -- --model "notes.txt" --tokens 1
+bad "text file named .gguf"               generate 1 "not a GGUF file"    -- --model "notes.gguf" --tokens 1
+bad "empty .gguf"                         generate 1 "too short"          -- --model "empty.gguf" --tokens 1
+bad "GGUF cut in the metadata"            generate 1 "left in the file"   -- --model "cut_in_metadata.gguf" --tokens 1
+bad "GGUF cut in the tensor data"         generate 1 "truncated"          -- --model "cut_in_tensors.gguf" --tokens 1
+bad "GGUF with only a tokenizer"          generate 1 "missing"            -- --model spm_tiny.gguf --tokens 1
+bad "GGUF of an unsupported architecture" generate 1 "not supported"      -- --model types_f32.gguf --tokens 1
+bad ".safetensors file as --model"        generate 1 "neither a GGUF file" -- --model "$tiny_hf/model.safetensors" --tokens 1
+bad "safetensors cut short"               generate 1 "past the end"       -- --model "cut_weights" --tokens 1
+bad "safetensors empty"                   generate 1 "model.safetensors"  -- --model "empty_weights" --tokens 1
+bad "config.json not JSON"                generate 1 "not valid JSON"     -- --model "bad_json" --tokens 1
+bad "config.json with 0 heads"            generate 1 "num_attention_heads" -- --model "zero_heads" --tokens 1
+bad "weights of another model"            generate 1 "shape"              -- --model "wrong_weights" --tokens 1
+bad "--prompt, model without tokenizer"   generate 1 "needs a tokenizer"  -- --model "$tiny_hf" --prompt hi
+bad "--prompt the tokenizer cannot encode" generate 1 "cannot encode"     -- --model "$tiny_gguf" --prompt hi
+if needs_model "generate: --prompt longer than the context"; then
+  bad "--prompt longer than the context (SmolLM2)" generate 1 "context of 8192" -- --model "$model" --prompt "$long_prompt"
+fi
+
+# ---- eval ----------------------------------------------------------------------------------
+bad "unknown flag"                        eval 2 "--bogus"               -- "${E[@]}" --bogus
+bad "--model missing"                     eval 2 "--model is required"   -- --text "words"
+bad "--text missing"                      eval 2 "--text is required"    -- --model "$tiny_gguf"
+bad "model file missing"                  eval 1 "does not exist"        -- --model "none.gguf" --text "words"
+bad "Hugging Face folder as --model"      eval 1 "is a folder"           -- --model "$tiny_hf" --text "words"
+bad "text file as --model"                eval 1 "neither a GGUF file"    -- --model "notes.txt" --text "words"
+bad "GGUF cut in the tensor data"         eval 1 "truncated"             -- --model "cut_in_tensors.gguf" --text "words"
+bad "--text missing path"                 eval 1 "does not exist"        -- --model "$tiny_gguf" --text none --context 16 --continuation 4
+bad "--text folder without .txt files"    eval 1 "no .txt files"         -- --model "$tiny_gguf" --text no_txt --context 16 --continuation 4
+bad "--text files shorter than a window"  eval 1 "has 20 tokens"         -- "${E[@]}"
+if needs_model "eval: --text shorter than a window (SmolLM2)"; then
+  bad "--text shorter than a window (SmolLM2)" eval 1 "has 20 tokens"    -- --model "$model" --text "short_txt" --context 16 --continuation 4
+fi
+bad "--text the tokenizer cannot encode"  eval 1 "cannot encode"         -- --model "$tiny_gguf" --text "words" --context 16 --continuation 4
+bad "--context 0"                         eval 2 "--context"             -- "${E[@]}" --context 0
+bad "--context not a number"              eval 2 "not an integer"        -- "${E[@]}" --context lots
+bad "--context past the model's"          eval 1 "context of 256"        -- --model "$tiny_gguf" --text empty_txt --context 300
+bad "--continuation 0"                    eval 2 "--continuation"        -- "${E[@]}" --continuation 0
+bad "--max-contexts 0"                    eval 2 "--max-contexts"        -- "${E[@]}" --max-contexts 0
+bad "--mode bogus"                        eval 2 "--mode"                -- "${E[@]}" --mode both
+bad "--chunk 0"                           eval 2 "--chunk"               -- "${E[@]}" --chunk 0
+bad "--sink negative"                     eval 2 "--sink"                -- "${E[@]}" --sink -1
+bad "--recent negative"                   eval 2 "--recent"              -- "${E[@]}" --recent -1
+bad "--sink + --recent above the budget"  eval 1 "exceed the budget"     -- "${E[@]}" --budget 0.5 --sink 4 --recent 5
+bad "--budget 0"                          eval 1 "budget"                -- "${E[@]}" --budget 0
+bad "--budget negative"                   eval 1 "budget"                -- "${E[@]}" --budget 0.25,-1
+bad "--budget above 1"                    eval 1 "budget"                -- "${E[@]}" --budget 2
+bad "--budget NaN"                        eval 1 "budget"                -- "${E[@]}" --budget nan
+bad "--budget not a number"               eval 2 "--budget"              -- "${E[@]}" --budget 0.5,half
+bad "--budget empty list"                 eval 1 "no budget"             -- "${E[@]}" --budget ,
+bad "--policy unknown"                    eval 1 "unknown policy"        -- "${E[@]}" --policy streaming,lru
+bad "--policy empty list"                 eval 1 "no policy"             -- "${E[@]}" --policy ,
+bad "--seed negative"                     eval 2 "--seed"                -- "${E[@]}" --seed -1
+bad "--csv in a missing folder"           eval 1 "--csv"                 -- "${E[@]}" --csv /nonexistent/x.csv
+bad "--csv is a folder"                   eval 1 "--csv"                 -- "${E[@]}" --csv tiny_mistral
+
+# ---- Report --------------------------------------------------------------------------------
+echo "| case | example | message (as printed) | exit |"
+echo "|---|---|---|---|"
+printf '%s\n' "${rows[@]}"
+for s in "${skipped[@]}"; do
+  echo "note: skipped '$s': no SmolLM2 GGUF (pass its path, set DC_SMOLLM2_GGUF or run scripts/fetch_model.sh)"
+done
+echo "bad_args: $ran bad inputs, $failures failures, $((SECONDS - start)) s"
+[ "$failures" -eq 0 ]
