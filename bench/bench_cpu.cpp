@@ -60,6 +60,9 @@ void prefill_chunk(benchmark::State& state, MakeConfig make) {
 namespace {
 
 void smollm2_decode(benchmark::State& state) { dc_bench::run_decode(state, dc_bench::smollm2_model(1)); }
+void smollm2_decode_bf16(benchmark::State& state) {
+  dc_bench::run_decode(state, dc_bench::smollm2_model<dc::bf16>(1));
+}
 
 // Prefill of a whole context in chunks of 64: tokens/s over the context.
 void smollm2_prefill(benchmark::State& state) {
@@ -81,6 +84,7 @@ void smollm2_prefill(benchmark::State& state) {
 
 BENCHMARK(smollm2_decode)->Arg(512)->Arg(2048)->Arg(8191)  // 8191 + the decoded token = max_position
    ->Unit(benchmark::kMillisecond);
+BENCHMARK(smollm2_decode_bf16)->Arg(512)->Arg(2048)->Arg(8191)->Unit(benchmark::kMillisecond);
 BENCHMARK(smollm2_prefill)->Arg(512)->Arg(2048)->Arg(8192)->Unit(benchmark::kMillisecond)->Iterations(1);
 
 BENCHMARK_CAPTURE(decode_step, tiny, dc_bench::tiny_config)->Arg(128)->Arg(1024)->Arg(8192);

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -29,9 +30,11 @@ inline void fill_cache(dc::KVCache<dc::cpu>& cache, int context) {
   }
 }
 
-// The real SmolLM2-135M (dequantized to fp32) from $DC_SMOLLM2_GGUF or the fetch cache.
-inline dc::Transformer<dc::cpu>& smollm2_model(int max_chunk) {
-  static std::vector<std::pair<int, std::unique_ptr<dc::Transformer<dc::cpu>>>> models;
+// The real SmolLM2-135M from $DC_SMOLLM2_GGUF or the fetch cache, dequantized to fp32 and, for
+// W = bf16, rounded to bf16 matrices (half the bytes per decode step).
+template <class W = float>
+dc::Transformer<dc::cpu, W>& smollm2_model(int max_chunk) {
+  static std::vector<std::pair<int, std::unique_ptr<dc::Transformer<dc::cpu, W>>>> models;
   for (auto& [chunk, m] : models)
     if (chunk == max_chunk) return *m;
   std::filesystem::path path;
@@ -39,13 +42,17 @@ inline dc::Transformer<dc::cpu>& smollm2_model(int max_chunk) {
   else path = std::filesystem::path(std::getenv("HOME") ? std::getenv("HOME") : "/") /
               ".cache/distillcache/SmolLM2-135M-Instruct.Q4_1.gguf";
   dc::HfModel m = dc::load_gguf_model(path);
-  models.emplace_back(max_chunk, std::make_unique<dc::Transformer<dc::cpu>>(m.config, std::move(m.weights), max_chunk));
+  dc::Weights<dc::cpu, W> weights;
+  if constexpr (std::is_same_v<W, float>) weights = std::move(m.weights);
+  else weights = dc::convert_host_weights<W>(m.weights);
+  models.emplace_back(max_chunk, std::make_unique<dc::Transformer<dc::cpu, W>>(m.config, std::move(weights), max_chunk));
   return *models.back().second;
 }
 
 // One decode step at state.range(0) cached tokens, rewound after each iteration.
 // Statistics: -1 leaves the cache's default (off), 0 disables, 1 observes every query.
-inline void run_decode(benchmark::State& state, dc::Transformer<dc::cpu>& model, int statistics = -1) {
+template <class W>
+void run_decode(benchmark::State& state, dc::Transformer<dc::cpu, W>& model, int statistics = -1) {
   const int context = int(state.range(0));
   auto cache = model.make_cache(context + 1);
   fill_cache(cache, context);

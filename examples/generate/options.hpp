@@ -20,7 +20,7 @@ struct GenerateOptions {
   dc::SamplingOptions sampling;
   std::uint64_t seed = 0;
   std::string device = "cpu";
-  std::string dtype = "f32";  // weight storage on CUDA: f32 or bf16
+  std::string dtype = "f32";  // weight storage: f32 or bf16
   int max_chunk = 64;
   std::string policy = "full";  // eviction policy (baselines by name)
   double budget = 1.0;          // fraction of the prompt kept

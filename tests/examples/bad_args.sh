@@ -182,7 +182,6 @@ bad "--max-chunk 0"                       generate 2 "--max-chunk"        -- "${
 bad "--device cuda, no GPU"               generate 1 "--device cuda"      -- "${G[@]}" --device cuda
 bad "--device bogus"                      generate 2 "--device"           -- "${G[@]}" --device tpu
 bad "--dtype bogus"                       generate 2 "--dtype"            -- "${G[@]}" --dtype f64
-bad "--dtype bf16 on the CPU"             generate 1 "--dtype bf16"       -- "${G[@]}" --dtype bf16
 bad "--policy unknown"                    generate 1 "unknown policy"     -- "${G[@]}" --policy lru
 bad "--budget 0"                          generate 1 "budget"             -- "${G[@]}" --policy h2o --budget 0
 bad "--budget negative"                   generate 1 "budget"             -- "${G[@]}" --policy h2o --budget -0.5

@@ -1,5 +1,7 @@
 #pragma once
-// CPU matrix multiply y[n, out] (+)= x[n, in] * w[out, in]^T, fp32, cache-blocked.
+// CPU matrix multiply y[n, out] (+)= x[n, in] * w[out, in]^T, cache-blocked; x and y fp32, w
+// fp32 or bf16 (widened to fp32 as it is loaded: decode is bound by the bytes of w it streams,
+// and bf16 halves them; the arithmetic is the same fp32 FMAs).
 //
 // Both operands are read along their contiguous inner dimension. The micro-kernel computes a
 // kRows x kCols tile of dot products with kLanes-wide partial sums, which the compiler turns into
@@ -7,10 +9,12 @@
 // produced by one thread in a fixed order, so results do not depend on the thread count.
 // Output rows are split into tiles that keep a block of w in L2 while all x rows stream past.
 #include <algorithm>
+#include <concepts>
 #include <cstdint>
 
 #include "../core/backend.hpp"
 #include "../core/config.hpp"
+#include "../core/dtype.hpp"
 
 namespace dc {
 namespace cpu_detail {
@@ -18,17 +22,17 @@ namespace cpu_detail {
 inline constexpr int kLanes = 8;
 inline constexpr int kTileOut = 64;  // w rows per parallel tile: 64 x 4 KiB fits in L2
 
-template <int kRows, int kCols>
+template <int kRows, int kCols, class W>
 inline void gemm_micro(float* DC_RESTRICT y, int ldy, const float* DC_RESTRICT x,
-                       const float* DC_RESTRICT w, int in, bool accumulate) {
+                       const W* DC_RESTRICT w, int in, bool accumulate) {
   float acc[kRows][kCols][kLanes] = {};
   const int in_vec = in / kLanes * kLanes;
   for (int k = 0; k < in_vec; k += kLanes) {
     for (int r = 0; r < kRows; ++r) {
       for (int c = 0; c < kCols; ++c) {
         const float* xr = x + std::int64_t(r) * in + k;
-        const float* wc = w + std::int64_t(c) * in + k;
-        for (int l = 0; l < kLanes; ++l) acc[r][c][l] += xr[l] * wc[l];
+        const W* wc = w + std::int64_t(c) * in + k;
+        for (int l = 0; l < kLanes; ++l) acc[r][c][l] += xr[l] * to_float_any(wc[l]);
       }
     }
   }
@@ -37,7 +41,7 @@ inline void gemm_micro(float* DC_RESTRICT y, int ldy, const float* DC_RESTRICT x
       float sum = 0.0f;
       for (int l = 0; l < kLanes; ++l) sum += acc[r][c][l];
       for (int k = in_vec; k < in; ++k)
-        sum += x[std::int64_t(r) * in + k] * w[std::int64_t(c) * in + k];
+        sum += x[std::int64_t(r) * in + k] * to_float_any(w[std::int64_t(c) * in + k]);
       float& out = y[std::int64_t(r) * ldy + c];
       out = accumulate ? out + sum : sum;
     }
@@ -45,8 +49,8 @@ inline void gemm_micro(float* DC_RESTRICT y, int ldy, const float* DC_RESTRICT x
 }
 
 // Dispatches a (rows x cols) edge tile to the matching fixed-size micro-kernel.
-template <int kMaxRows, int kMaxCols>
-inline void gemm_tile(float* y, int ldy, const float* x, const float* w, int in, int rows, int cols,
+template <int kMaxRows, int kMaxCols, class W>
+inline void gemm_tile(float* y, int ldy, const float* x, const W* w, int in, int rows, int cols,
                       bool accumulate) {
   if constexpr (kMaxRows > 1) {
     if (rows < kMaxRows) return gemm_tile<kMaxRows - 1, kMaxCols>(y, ldy, x, w, in, rows, cols, accumulate);
@@ -62,8 +66,8 @@ inline void gemm_tile(float* y, int ldy, const float* x, const float* w, int in,
 namespace cpu_detail {
 
 // Tiles the output into (kRows x kCols) blocks, each computed by one micro-kernel call.
-template <int kRows, int kCols>
-inline void matmul_tiled(float* y, const float* x, const float* w, int n, int in, int out,
+template <int kRows, int kCols, class W>
+inline void matmul_tiled(float* y, const float* x, const W* w, int n, int in, int out,
                          bool accumulate) {
   const int tiles = (out + kTileOut - 1) / kTileOut;
   DC_OMP(parallel for schedule(static))
@@ -87,8 +91,10 @@ inline void matmul_tiled(float* y, const float* x, const float* w, int n, int in
 // Decode (n < 4) is bandwidth-bound: 4 w rows per tile give the core enough independent FMA
 // chains to keep up with memory (measured 3x over 2 rows on this machine's GEMV). Prefill reuses
 // each w row for 4 x rows.
-inline void matmul(const Context<cpu>&, float* y, const float* x, const float* w, int n, int in,
-                   int out, bool accumulate = false) {
+template <class W>
+  requires std::same_as<W, float> || std::same_as<W, bf16>
+void matmul(const Context<cpu>&, float* y, const float* x, const W* w, int n, int in, int out,
+            bool accumulate = false) {
   if (n < 4) return cpu_detail::matmul_tiled<3, 4>(y, x, w, n, in, out, accumulate);
   cpu_detail::matmul_tiled<4, 2>(y, x, w, n, in, out, accumulate);
 }

@@ -43,30 +43,9 @@ Weights<cuda, W> upload_weights(const HostWeights& host, const Context<cuda>& ct
                 "CUDA weights are stored as float or bf16");
   std::vector<W> staging;
   std::vector<float> unused;
-  auto matrix = [&](const Tensor<float, cpu>& t) {
-    return cuda_detail::upload_tensor<W>(t, ctx, staging);
-  };
-  auto norm = [&](const Tensor<float, cpu>& t) {
-    return cuda_detail::upload_tensor<float>(t, ctx, unused);
-  };
-  Weights<cuda, W> dev;
-  dev.embed = matrix(host.embed);
-  dev.layers.reserve(host.layers.size());
-  for (const auto& L : host.layers) {
-    LayerWeights<cuda, W> d;
-    d.attn_norm = norm(L.attn_norm);
-    d.wq = matrix(L.wq);
-    d.wk = matrix(L.wk);
-    d.wv = matrix(L.wv);
-    d.wo = matrix(L.wo);
-    d.ffn_norm = norm(L.ffn_norm);
-    d.w_gate = matrix(L.w_gate);
-    d.w_up = matrix(L.w_up);
-    d.w_down = matrix(L.w_down);
-    dev.layers.push_back(std::move(d));
-  }
-  dev.final_norm = norm(host.final_norm);
-  dev.lm_head = matrix(host.lm_head);
+  Weights<cuda, W> dev = transform_weights<cuda, W>(
+      host, [&](const Tensor<float, cpu>& t) { return cuda_detail::upload_tensor<W>(t, ctx, staging); },
+      [&](const Tensor<float, cpu>& t) { return cuda_detail::upload_tensor<float>(t, ctx, unused); });
   // The weights may be used from any stream (each Transformer owns its own context).
   synchronize(ctx);
   return dev;

@@ -6,8 +6,11 @@
 // every backend: they are tiny and bf16 would cost accuracy for no bandwidth gain.
 // Q and K projections follow the rotate-half RoPE convention (loaders convert GGUF's).
 #include <string>
+#include <type_traits>
 #include <vector>
 
+#include "../core/config.hpp"
+#include "../core/dtype.hpp"
 #include "../core/tensor.hpp"
 #include "config.hpp"
 
@@ -62,6 +65,51 @@ void for_each_weight(const ModelConfig& c, HostWeights& w, Fn&& fn) {
   }
   fn(std::string("model.norm.weight"), w.final_norm, Shape{d});
   if (!c.tie_embeddings) fn(std::string("lm_head.weight"), w.lm_head, Shape{c.vocab_size, d});
+}
+
+// Builds Weights<B, W> from host weights, tensor by tensor: matrix(t) makes each matrix (embed,
+// projections, lm_head; an empty lm_head stays empty), norm(t) each fp32 norm vector. The CPU
+// conversion below and the CUDA upload (cuda/weights.cuh) are both this walk.
+template <Backend B, class W, class Matrix, class Norm>
+Weights<B, W> transform_weights(const HostWeights& host, Matrix&& matrix, Norm&& norm) {
+  Weights<B, W> out;
+  out.embed = matrix(host.embed);
+  out.layers.reserve(host.layers.size());
+  for (const auto& L : host.layers) {
+    LayerWeights<B, W> d;
+    d.attn_norm = norm(L.attn_norm);
+    d.wq = matrix(L.wq);
+    d.wk = matrix(L.wk);
+    d.wv = matrix(L.wv);
+    d.wo = matrix(L.wo);
+    d.ffn_norm = norm(L.ffn_norm);
+    d.w_gate = matrix(L.w_gate);
+    d.w_up = matrix(L.w_up);
+    d.w_down = matrix(L.w_down);
+    out.layers.push_back(std::move(d));
+  }
+  out.final_norm = norm(host.final_norm);
+  out.lm_head = host.lm_head.empty() ? Tensor<W, B>() : matrix(host.lm_head);
+  return out;
+}
+
+// Host weights with the matrices stored as W: bf16 (rounded to nearest even) halves the bytes
+// a CPU decode step streams; float is a plain copy. Norms stay fp32.
+template <class W>
+Weights<cpu, W> convert_host_weights(const HostWeights& host) {
+  static_assert(std::is_same_v<W, float> || std::is_same_v<W, bf16>,
+                "CPU weights are stored as float or bf16");
+  auto copy = [](const auto& t, auto convert) {
+    using T = decltype(convert(0.0f));
+    Tensor<T, cpu> out(t.shape());
+    const std::size_t count = static_cast<std::size_t>(t.numel());
+    DC_OMP(parallel for schedule(static))
+    for (std::size_t i = 0; i < count; ++i) out.data()[i] = convert(t.data()[i]);
+    return out;
+  };
+  return transform_weights<cpu, W>(
+      host, [&](const Tensor<float, cpu>& t) { return copy(t, [](float f) { return from_float<W>(f); }); },
+      [&](const Tensor<float, cpu>& t) { return copy(t, [](float f) { return f; }); });
 }
 
 // Allocates zeroed host weights of the right shapes (for tests and random-weight benchmarks).
