@@ -48,7 +48,7 @@ int main(int argc, char** argv) {
   CLI::App app{"Fidelity of evicted KV caches against the full cache (distillcache)."};
   std::string model_path, text_path, csv_path, budgets_arg = "0.125,0.25,0.5",
                                                 policies_arg = "random,streaming,h2o,snapkv,tova,knorm",
-                                                mode_arg = "decode";
+                                                mode_arg = "decode", dtype = "f32";
   int context = 1024, continuation = 32, max_contexts = 8, chunk = 16, sink = 0, recent = 0;
   std::uint64_t seed = 0;
   app.add_option("--model", model_path, "GGUF model file")->required();
@@ -66,6 +66,8 @@ int main(int argc, char** argv) {
   app.add_option("--recent", recent, "newest tokens always kept")->check(integer_in(0, 1 << 20));
   app.add_option("--seed", seed, "seed of the random policy")->check(unsigned_integer());
   app.add_option("--csv", csv_path, "write the results as CSV here");
+  app.add_option("--dtype", dtype, "weight storage: f32 or bf16 (faster; teacher and students alike)")
+      ->check(CLI::IsMember({"f32", "bf16"}));
   if (const auto status = parse_command_line(app, argc, argv, "eval")) return *status;
 
   return run_reporting_errors("eval", [&]() -> int {
@@ -106,42 +108,47 @@ int main(int argc, char** argv) {
     const auto windows = dc::token_windows(tokenizer, text_path, context + continuation, max_contexts);
     DC_CHECK(!windows.empty(), "no file in ", text_path, " has ", context + continuation, " tokens");
 
-    dc::Transformer<dc::cpu> model(m.config, std::move(m.weights), 64);
-    const auto mode = mode_arg == "prefill" ? dc::EvictionMode::prefill : dc::EvictionMode::decode;
-    dc::FidelityEvaluator<dc::cpu, float> eval(model, policies, budgets, mode);
-    const auto start = std::chrono::steady_clock::now();
-    for (std::size_t c = 0; c < windows.size(); ++c) {
-      const std::span<const std::int32_t> w(windows[c]);
-      eval.add_context(w.first(std::size_t(context)), w.subspan(std::size_t(context)), [&](std::size_t i) {
-        const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        std::fprintf(stderr, "\r[context %zu/%zu] %-10s budget %-6g %6.0f s", c + 1, windows.size(),
-                     policy_names[i / budgets.size()].c_str(), fractions[i % budgets.size()], secs);
-        std::fflush(stderr);
-      });
-    }
-    std::fprintf(stderr, "\n");
-
-    std::ofstream csv;
-    if (!csv_path.empty()) {
-      csv.open(csv_path);
-      DC_CHECK(csv, "--csv: cannot write '", csv_path, "'");
-      csv << "policy,budget,kl_mean,top1_agreement,ppl_ratio,n_contexts,n_steps\n";
-    }
-    std::printf("%-10s %7s %10s %8s %9s %9s %8s\n", "policy", "budget", "kl_mean", "top1", "ppl_ratio",
-                "contexts", "steps");
-    for (std::size_t p = 0; p < policies.size(); ++p)
-      for (std::size_t b = 0; b < budgets.size(); ++b) {
-        const auto& t = eval.totals()[p * budgets.size() + b];
-        std::printf("%-10s %7.4g %10.5f %8.4f %9.4f %9d %8lld\n", policy_names[p].c_str(), fractions[b],
-                    t.kl_mean(), t.top1_agreement(), t.ppl_ratio(), eval.contexts(), (long long)t.steps);
-        if (csv.is_open())
-          csv << policy_names[p] << ',' << fractions[b] << ',' << t.kl_mean() << ',' << t.top1_agreement()
-              << ',' << t.ppl_ratio() << ',' << eval.contexts() << ',' << t.steps << '\n';
+    // The teacher (full cache) and every student run on the same weights, f32 or bf16.
+    auto run = [&]<class W>(dc::Weights<dc::cpu, W> weights) -> int {
+      dc::Transformer<dc::cpu, W> model(m.config, std::move(weights), 64);
+      const auto mode = mode_arg == "prefill" ? dc::EvictionMode::prefill : dc::EvictionMode::decode;
+      dc::FidelityEvaluator<dc::cpu, W> eval(model, policies, budgets, mode);
+      const auto start = std::chrono::steady_clock::now();
+      for (std::size_t c = 0; c < windows.size(); ++c) {
+        const std::span<const std::int32_t> w(windows[c]);
+        eval.add_context(w.first(std::size_t(context)), w.subspan(std::size_t(context)), [&](std::size_t i) {
+          const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+          std::fprintf(stderr, "\r[context %zu/%zu] %-10s budget %-6g %6.0f s", c + 1, windows.size(),
+                       policy_names[i / budgets.size()].c_str(), fractions[i % budgets.size()], secs);
+          std::fflush(stderr);
+        });
       }
-    if (csv.is_open()) {
-      csv.close();
-      DC_CHECK(csv, "--csv: writing '", csv_path, "' failed");
-    }
-    return 0;
+      std::fprintf(stderr, "\n");
+
+      std::ofstream csv;
+      if (!csv_path.empty()) {
+        csv.open(csv_path);
+        DC_CHECK(csv, "--csv: cannot write '", csv_path, "'");
+        csv << "policy,budget,kl_mean,top1_agreement,ppl_ratio,n_contexts,n_steps\n";
+      }
+      std::printf("%-10s %7s %10s %8s %9s %9s %8s\n", "policy", "budget", "kl_mean", "top1", "ppl_ratio",
+                  "contexts", "steps");
+      for (std::size_t p = 0; p < policies.size(); ++p)
+        for (std::size_t b = 0; b < budgets.size(); ++b) {
+          const auto& t = eval.totals()[p * budgets.size() + b];
+          std::printf("%-10s %7.4g %10.5f %8.4f %9.4f %9d %8lld\n", policy_names[p].c_str(), fractions[b],
+                      t.kl_mean(), t.top1_agreement(), t.ppl_ratio(), eval.contexts(), (long long)t.steps);
+          if (csv.is_open())
+            csv << policy_names[p] << ',' << fractions[b] << ',' << t.kl_mean() << ',' << t.top1_agreement()
+                << ',' << t.ppl_ratio() << ',' << eval.contexts() << ',' << t.steps << '\n';
+        }
+      if (csv.is_open()) {
+        csv.close();
+        DC_CHECK(csv, "--csv: writing '", csv_path, "' failed");
+      }
+      return 0;
+    };
+    if (dtype == "bf16") return run(dc::convert_host_weights<dc::bf16>(m.weights));
+    return run(std::move(m.weights));
   });
 }

@@ -232,6 +232,7 @@ bad "--context past the model's"          eval 1 "context of 256"        -- --mo
 bad "--continuation 0"                    eval 2 "--continuation"        -- "${E[@]}" --continuation 0
 bad "--max-contexts 0"                    eval 2 "--max-contexts"        -- "${E[@]}" --max-contexts 0
 bad "--mode bogus"                        eval 2 "--mode"                -- "${E[@]}" --mode both
+bad "--dtype bogus"                       eval 2 "--dtype"               -- "${E[@]}" --dtype f64
 bad "--chunk 0"                           eval 2 "--chunk"               -- "${E[@]}" --chunk 0
 bad "--sink negative"                     eval 2 "--sink"                -- "${E[@]}" --sink -1
 bad "--recent negative"                   eval 2 "--recent"              -- "${E[@]}" --recent -1
