@@ -20,6 +20,7 @@
 #include "../math/attention_rules.hpp"
 #include "../math/attention_shape.hpp"
 #include "../math/features.hpp"
+#include "dot.hpp"
 
 namespace dc {
 
@@ -109,10 +110,7 @@ inline void attention(const Context<cpu>&, float* out, const float* q, const flo
           scores[std::size_t(j)] = -INFINITY;
           continue;
         }
-        const float* kj = kh + std::int64_t(j) * hd;
-        float dot = 0.0f;
-        for (int i = 0; i < hd; ++i) dot += qv[i] * kj[i];
-        scores[std::size_t(j)] = dot * s.scale;
+        scores[std::size_t(j)] = cpu_detail::dot(qv, kh + std::int64_t(j) * hd, hd) * s.scale;
         max_score = fmaxf(max_score, scores[std::size_t(j)]);
       }
       for (int i = 0; i < hd; ++i) o[i] = 0.0f;

@@ -15,11 +15,11 @@
 #include "../core/backend.hpp"
 #include "../core/config.hpp"
 #include "../core/dtype.hpp"
+#include "dot.hpp"
 
 namespace dc {
 namespace cpu_detail {
 
-inline constexpr int kLanes = 8;
 inline constexpr int kTileOut = 64;  // w rows per parallel tile: 64 x 4 KiB fits in L2
 
 template <int kRows, int kCols, class W>
