@@ -4,7 +4,6 @@
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -42,10 +41,8 @@ dc::Transformer<dc::cpu, W>& smollm2_model(int max_chunk) {
   else path = std::filesystem::path(std::getenv("HOME") ? std::getenv("HOME") : "/") /
               ".cache/distillcache/SmolLM2-135M-Instruct.Q4_1.gguf";
   dc::HfModel m = dc::load_gguf_model(path);
-  dc::Weights<dc::cpu, W> weights;
-  if constexpr (std::is_same_v<W, float>) weights = std::move(m.weights);
-  else weights = dc::convert_host_weights<W>(m.weights);
-  models.emplace_back(max_chunk, std::make_unique<dc::Transformer<dc::cpu, W>>(m.config, std::move(weights), max_chunk));
+  models.emplace_back(max_chunk, std::make_unique<dc::Transformer<dc::cpu, W>>(
+                                     m.config, dc::convert_host_weights<W>(std::move(m.weights)), max_chunk));
   return *models.back().second;
 }
 

@@ -30,15 +30,9 @@ std::vector<std::string> split(const std::string& s) {
 }
 
 double parse_fraction(const std::string& s) {
-  std::size_t used = 0;
-  double v = 0;
-  try {
-    v = std::stod(s, &used);
-  } catch (const std::exception&) {
-    DC_FAIL("--budget: '", s, "' is not a number");
-  }
-  DC_CHECK(used == s.size(), "--budget: '", s, "' is not a number");
-  return v;
+  const auto v = dc_examples::detail::to_number(s);
+  DC_CHECK(v.has_value(), "--budget: '", s, "' is not a number");
+  return *v;
 }
 
 }  // namespace
@@ -148,7 +142,7 @@ int main(int argc, char** argv) {
       }
       return 0;
     };
-    if (dtype == "bf16") return run(dc::convert_host_weights<dc::bf16>(m.weights));
+    if (dtype == "bf16") return run(dc::convert_host_weights<dc::bf16>(std::move(m.weights)));
     return run(std::move(m.weights));
   });
 }

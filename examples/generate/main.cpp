@@ -32,7 +32,8 @@ int run_cpu_as(dc::Weights<dc::cpu, W> weights, const dc::ModelConfig& config,
 
 int run_cpu(dc::HfModel model, const GenerateOptions& opt, const dc::Tokenizer* tokenizer) {
   if (opt.dtype == "bf16")
-    return run_cpu_as(dc::convert_host_weights<dc::bf16>(model.weights), model.config, opt, tokenizer);
+    return run_cpu_as(dc::convert_host_weights<dc::bf16>(std::move(model.weights)), model.config, opt,
+                      tokenizer);
   return run_cpu_as(std::move(model.weights), model.config, opt, tokenizer);
 }
 

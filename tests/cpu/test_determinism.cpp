@@ -10,28 +10,12 @@
 
 #include <distillcache/distillcache.hpp>
 
-#if defined(_OPENMP)
-#include <omp.h>
-#endif
+#include "../support/threads.hpp"
 
 namespace {
 
+using dc_test::with_threads;
 const std::string kFixtures = DC_FIXTURE_DIR;
-
-// Runs fn with the given OpenMP thread count (a no-op without OpenMP).
-template <class Fn>
-auto with_threads(int threads, Fn&& fn) {
-#if defined(_OPENMP)
-  const int saved = omp_get_max_threads();
-  omp_set_num_threads(threads);
-  auto result = fn();
-  omp_set_num_threads(saved);
-  return result;
-#else
-  (void)threads;
-  return fn();
-#endif
-}
 
 dc::Transformer<dc::cpu> tiny_llama() {
   dc::HfModel m = dc::load_hf_model(kFixtures + "/tiny_llama_tied");

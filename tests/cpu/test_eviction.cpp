@@ -12,6 +12,7 @@
 #include <distillcache/distillcache.hpp>
 
 #include "../support/reference_transformer.hpp"
+#include "../support/threads.hpp"
 
 namespace {
 
@@ -292,29 +293,27 @@ TEST_CASE("impossible budgets give clear errors") {
 }
 
 #if defined(_OPENMP)
-#include <omp.h>
 TEST_CASE("eviction decisions and logits are identical for 1 and 2 OpenMP threads") {
   dc::HfModel m = dc::load_hf_model(kFixtures + "/tiny_llama_tied");
   dc::Transformer<dc::cpu> model(m.config, std::move(m.weights), 5);
   const auto tokens = fixture_tokens("tiny_llama_tied");
   std::vector<std::int32_t> ids(tokens.begin(), tokens.end());
   auto run = [&](int threads) {
-    const int saved = omp_get_max_threads();
-    omp_set_num_threads(threads);
-    dc::SnapKVPolicy policy(4, 3);
-    dc::Budget budget = dc::Budget::of_fraction(0.5);
-    budget.chunk = 2;
-    dc::EvictingDecoder<dc::cpu> dec(model, policy, budget, dc::EvictionMode::decode, 16, 8);
-    auto first = dec.prefill(std::span(ids).first(16));
-    std::vector<float> out(first.begin(), first.end());
-    for (int t = 16; t < 24; ++t) {
-      const auto l = dec.step(ids[std::size_t(t)]);
-      out.insert(out.end(), l.begin(), l.end());
-    }
-    const auto features = dc::gather_features(model.context(), dec.cache()).matrix();
-    out.insert(out.end(), features.begin(), features.end());
-    omp_set_num_threads(saved);
-    return std::make_pair(dec.cache().host_positions(), out);
+    return dc_test::with_threads(threads, [&] {
+      dc::SnapKVPolicy policy(4, 3);
+      dc::Budget budget = dc::Budget::of_fraction(0.5);
+      budget.chunk = 2;
+      dc::EvictingDecoder<dc::cpu> dec(model, policy, budget, dc::EvictionMode::decode, 16, 8);
+      auto first = dec.prefill(std::span(ids).first(16));
+      std::vector<float> out(first.begin(), first.end());
+      for (int t = 16; t < 24; ++t) {
+        const auto l = dec.step(ids[std::size_t(t)]);
+        out.insert(out.end(), l.begin(), l.end());
+      }
+      const auto features = dc::gather_features(model.context(), dec.cache()).matrix();
+      out.insert(out.end(), features.begin(), features.end());
+      return std::make_pair(dec.cache().host_positions(), out);
+    });
   };
   const auto one = run(1), two = run(2);
   CHECK(one.first == two.first);

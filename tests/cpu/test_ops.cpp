@@ -6,12 +6,11 @@
 #include <random>
 #include <vector>
 
-#if defined(_OPENMP)
-#include <omp.h>
-#endif
-
 #include <distillcache/distillcache.hpp>
 #include <distillcache/io/safetensors.hpp>
+
+#include "../support/random.hpp"
+#include "../support/threads.hpp"
 
 namespace {
 
@@ -23,13 +22,7 @@ float max_abs_diff(const float* a, const float* b, std::int64_t n) {
   return m;
 }
 
-std::vector<float> random_vector(std::size_t n, unsigned seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = normal(rng);
-  return v;
-}
+using dc_test::random_vector;
 
 }  // namespace
 
@@ -206,14 +199,13 @@ TEST_CASE("attention statistics over a long cache are identical for 1 and 2 thre
   const auto vc = random_vector(kc.size(), 8);
   const auto q = random_vector(std::size_t(n) * s.num_heads * s.head_dim, 9);
   auto run = [&](int threads) {
-    const int saved = omp_get_max_threads();
-    omp_set_num_threads(threads);
-    std::vector<float> out(q.size()), stats(std::size_t(dc::stat_rows(s.num_heads)) * len, 0.0f);
-    dc::attention(dc::Context<dc::cpu>{}, out.data(), q.data(), kc.data(), vc.data(),
-                  key_pos.data(), len, query_pos.data(), n, s, dc::AttentionStats{stats.data(), 1});
-    omp_set_num_threads(saved);
-    out.insert(out.end(), stats.begin(), stats.end());
-    return out;
+    return dc_test::with_threads(threads, [&] {
+      std::vector<float> out(q.size()), stats(std::size_t(dc::stat_rows(s.num_heads)) * len, 0.0f);
+      dc::attention(dc::Context<dc::cpu>{}, out.data(), q.data(), kc.data(), vc.data(),
+                    key_pos.data(), len, query_pos.data(), n, s, dc::AttentionStats{stats.data(), 1});
+      out.insert(out.end(), stats.begin(), stats.end());
+      return out;
+    });
   };
   const auto one = run(1);
   CHECK(one == run(2));

@@ -6,7 +6,6 @@
 
 #include <cmath>
 #include <span>
-#include <type_traits>
 #include <vector>
 #include <filesystem>
 
@@ -36,10 +35,7 @@ struct Agreement {
 template <class W>
 Agreement compare(const Oracle& o, dc::HfModel m) {
   const int vocab = m.config.vocab_size;
-  dc::Weights<dc::cpu, W> weights;
-  if constexpr (std::is_same_v<W, float>) weights = std::move(m.weights);
-  else weights = dc::convert_host_weights<W>(m.weights);
-  dc::Transformer<dc::cpu, W> model(m.config, std::move(weights), 64);
+  dc::Transformer<dc::cpu, W> model(m.config, dc::convert_host_weights<W>(std::move(m.weights)), 64);
   auto cache = model.make_cache(int(o.tokens.size()));
   Agreement a;
   a.logits = model.forward(o.tokens, cache, dc::LogitsFor::all);

@@ -19,18 +19,14 @@
 
 #include <distillcache/distillcache.cuh>
 
+#include "../support/random.hpp"
+
 namespace {
 
 using Gpu = dc::Context<dc::cuda>;
 const dc::Context<dc::cpu> kCpu{};
 
-std::vector<float> random_vector(std::size_t n, unsigned seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = normal(rng);
-  return v;
-}
+using dc_test::random_vector;
 
 float round_bf16(float x) { return dc::to_float(dc::to_bf16(x)); }
 

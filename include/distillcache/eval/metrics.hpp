@@ -23,14 +23,19 @@ inline float log_sum_exp(std::span<const float> logits) {
 
 // KL(P || Q) for P = softmax(full), Q = softmax(evicted), accumulated in double. A token that
 // P allows and Q bans (-inf) makes it +inf, as it should.
-inline double kl_divergence(std::span<const float> full, std::span<const float> evicted) {
-  DC_CHECK(full.size() == evicted.size() && !full.empty(), "kl_divergence: ", full.size(),
-           " vs ", evicted.size(), " logits");
-  const float lse_p = log_sum_exp(full), lse_q = log_sum_exp(evicted);
+// The sum itself, for rows whose log-sum-exps are already known.
+inline double kl_divergence(std::span<const float> full, float lse_p, std::span<const float> evicted,
+                            float lse_q) {
   double kl = 0.0;
   for (std::size_t v = 0; v < full.size(); ++v)
     kl += math::kl_term(full[v] - lse_p, evicted[v] - lse_q);
   return kl > 0.0 ? kl : 0.0;  // rounding can give -1e-9 for identical rows
+}
+
+inline double kl_divergence(std::span<const float> full, std::span<const float> evicted) {
+  DC_CHECK(full.size() == evicted.size() && !full.empty(), "kl_divergence: ", full.size(),
+           " vs ", evicted.size(), " logits");
+  return kl_divergence(full, log_sum_exp(full), evicted, log_sum_exp(evicted));
 }
 
 struct FidelityTotals {
@@ -40,12 +45,15 @@ struct FidelityTotals {
 
   // Adds one step: the two logit rows and the true next token.
   void add(std::span<const float> full, std::span<const float> evicted, std::int32_t target) {
+    DC_CHECK(full.size() == evicted.size() && !full.empty(), "fidelity step: ", full.size(),
+             " vs ", evicted.size(), " logits");
     DC_CHECK(target >= 0 && std::size_t(target) < full.size(), "target token ", target,
              " outside the vocabulary");
-    kl_sum += kl_divergence(full, evicted);
+    const float lse_full = log_sum_exp(full), lse_evicted = log_sum_exp(evicted);  // check both
+    kl_sum += kl_divergence(full, lse_full, evicted, lse_evicted);
     agreements += argmax(full) == argmax(evicted);
-    nll_full_sum += double(log_sum_exp(full)) - full[std::size_t(target)];
-    nll_evicted_sum += double(log_sum_exp(evicted)) - evicted[std::size_t(target)];
+    nll_full_sum += double(lse_full) - full[std::size_t(target)];
+    nll_evicted_sum += double(lse_evicted) - evicted[std::size_t(target)];
     ++steps;
   }
   void merge(const FidelityTotals& o) {

@@ -112,6 +112,18 @@ Weights<cpu, W> convert_host_weights(const HostWeights& host) {
       [&](const Tensor<float, cpu>& t) { return copy(t, [](float f) { return f; }); });
 }
 
+// The same from weights the caller gives up: float keeps the loader's tensors (no copy); bf16
+// frees the fp32 originals once converted, so only the bf16 copy stays resident.
+template <class W>
+Weights<cpu, W> convert_host_weights(HostWeights&& host) {
+  if constexpr (std::is_same_v<W, float>) {
+    return std::move(host);
+  } else {
+    const HostWeights taken = std::move(host);
+    return convert_host_weights<W>(taken);
+  }
+}
+
 // Allocates zeroed host weights of the right shapes (for tests and random-weight benchmarks).
 inline HostWeights allocate_host_weights(const ModelConfig& c) {
   c.validate();
