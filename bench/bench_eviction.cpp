@@ -19,9 +19,11 @@ void decode_with_statistics(benchmark::State& state) {
   dc_bench::run_decode(state, dc_bench::smollm2_model(1), int(state.range(1)));
 }
 
-// One eviction of a context down to 25 %: features, H2O scores, top-B, compaction.
+// One eviction of a context down to 25 %: features, H2O scores, top-B, compaction. Arg 1: the
+// granularity (0 shared, 1 layer, 2 head: one keep-set per (layer, KV head)).
 void evict_once(benchmark::State& state) {
   const int context = int(state.range(0)), budget = context / 4;
+  const auto granularity = dc::Granularity(state.range(1));
   auto& model = dc_bench::smollm2_model(1);
   auto full = model.make_cache(context);
   dc_bench::fill_cache(full, context);
@@ -32,19 +34,20 @@ void evict_once(benchmark::State& state) {
     state.PauseTiming();
     cache.copy_from(model.context(), full);
     state.ResumeTiming();
-    const dc::TokenFeatures f = dc::gather_features(model.context(), cache);
+    const dc::TokenFeatures f = dc::gather_features(model.context(), cache, granularity);
     scores.assign(std::size_t(f.size), 0.0f);
     policy.score(f, budget, scores);
-    const auto keep = dc::select_keep(scores, f.position, budget);
-    cache.compact(model.context(), keep);
+    dc::compact_groups(model.context(), cache, f, dc::select_keep_groups(scores, f, budget));
   }
   // Decode-mode eviction runs once per chunk (16) tokens: the amortised per-token cost.
   state.counters["per_token_us_chunk16"] =
       benchmark::Counter(double(state.iterations()) * 16, benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
 }
 
-// Arg 0: 1 = evicting decoder at 25 % of 8k (B = 2048, chunk 16), 0 = full cache at 8k.
+// Arg 0: 1 = evicting decoder at 25 % of 8k (B = 2048, chunk 16), 0 = full cache at 8k. Arg 1:
+// granularity of the evictions (0 shared, 2 head); the cache holds the same bytes either way.
 void decode_budget_vs_full(benchmark::State& state) {
+  const auto granularity = dc::Granularity(state.range(1));
   const int context = 8191 - 64;
   auto& model = dc_bench::smollm2_model(1);
   auto prefilled = model.make_cache(context);
@@ -53,12 +56,12 @@ void decode_budget_vs_full(benchmark::State& state) {
   dc::H2OPolicy policy;
   dc::FullCachePolicy full;
   dc::EvictionPolicy& chosen = state.range(0) ? static_cast<dc::EvictionPolicy&>(policy) : full;
-  prefilled.set_observed_from(dc::EvictingDecoder<dc::cpu>::observation_start(chosen, context));
+  prefilled.set_observed_from(chosen.observation_start(context));
   const int steps = 64;
   for (auto _ : state) {
     state.PauseTiming();
     dc::EvictingDecoder<dc::cpu> dec(model, chosen, dc::Budget::of_fraction(0.25),
-                                     dc::EvictionMode::decode, context, steps);
+                                     dc::EvictionMode::decode, context, steps, granularity);
     dec.adopt_prefill(prefilled, logits);  // the prompt's compression is not timed
     state.ResumeTiming();
     for (int i = 0; i < steps; ++i) benchmark::DoNotOptimize(dec.step(3).data());
@@ -72,7 +75,14 @@ void decode_budget_vs_full(benchmark::State& state) {
 BENCHMARK(decode_with_statistics)
     ->ArgsProduct({{1024, 2048, 4096, 8191}, {0, 1}})
     ->Unit(benchmark::kMillisecond);
-BENCHMARK(evict_once)->Arg(1024)->Arg(2048)->Arg(4096)->Arg(8191)->Unit(benchmark::kMicrosecond);
-BENCHMARK(decode_budget_vs_full)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->Iterations(2);
+BENCHMARK(evict_once)
+    ->ArgsProduct({{1024, 2048, 4096, 8191}, {0, 1, 2}})
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(decode_budget_vs_full)
+    ->Args({0, 0})
+    ->Args({1, 0})
+    ->Args({1, 2})
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(2);
 
 BENCHMARK_MAIN();

@@ -51,7 +51,7 @@ int main(int argc, char** argv) {
   app.add_option("--continuation", continuation, "teacher-forced tokens T")->check(integer_in(1, 1 << 16));
   app.add_option("--budget", budgets_arg, "kept fractions of the prompt, e.g. 0.125,0.25,0.5")
       ->check(number_list());
-  app.add_option("--policy", policies_arg, "policies: full,random,streaming,h2o,snapkv,tova,knorm");
+  app.add_option("--policy", policies_arg, "policies: full,random,streaming,h2o,observed,snapkv,tova,knorm");
   app.add_option("--max-contexts", max_contexts, "contexts to evaluate")->check(integer_in(1, 1 << 20));
   app.add_option("--mode", mode_arg, "prefill: compress once; decode: also evict while decoding")
       ->check(CLI::IsMember({"prefill", "decode"}));
@@ -60,6 +60,10 @@ int main(int argc, char** argv) {
   app.add_option("--recent", recent, "newest tokens always kept")->check(integer_in(0, 1 << 20));
   app.add_option("--seed", seed, "seed of the random policy")->check(unsigned_integer());
   app.add_option("--csv", csv_path, "write the results as CSV here");
+  std::string granularities_arg = "shared";
+  app.add_option("--granularity", granularities_arg,
+                 "keep-sets, comma-separated: shared (one for the cache), layer (one per layer), "
+                 "head (one per layer and KV head)");
   app.add_option("--dtype", dtype, "weight storage: f32 or bf16 (faster; teacher and students alike)")
       ->check(CLI::IsMember({"f32", "bf16"}));
   if (const auto status = parse_command_line(app, argc, argv, "eval")) return *status;
@@ -73,6 +77,9 @@ int main(int argc, char** argv) {
       owned.push_back(dc::make_baseline_policy(name, seed));
       policies.push_back(owned.back().get());
     }
+    std::vector<dc::Granularity> granularities;
+    for (const auto& g : split(granularities_arg)) granularities.push_back(dc::parse_granularity(g));
+    DC_CHECK(!granularities.empty(), "--granularity: none given");
     std::vector<double> fractions;
     std::vector<dc::Budget> budgets;
     for (const auto& s : split(budgets_arg)) {
@@ -106,14 +113,20 @@ int main(int argc, char** argv) {
     auto run = [&]<class W>(dc::Weights<dc::cpu, W> weights) -> int {
       dc::Transformer<dc::cpu, W> model(m.config, std::move(weights), 64);
       const auto mode = mode_arg == "prefill" ? dc::EvictionMode::prefill : dc::EvictionMode::decode;
-      dc::FidelityEvaluator<dc::cpu, W> eval(model, policies, budgets, mode);
+      dc::FidelityEvaluator<dc::cpu, W> eval(model, policies, budgets, mode, granularities);
       const auto start = std::chrono::steady_clock::now();
+      const std::size_t per_context = policies.size() * granularities.size() * budgets.size();
       for (std::size_t c = 0; c < windows.size(); ++c) {
         const std::span<const std::int32_t> w(windows[c]);
         eval.add_context(w.first(std::size_t(context)), w.subspan(std::size_t(context)), [&](std::size_t i) {
           const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-          std::fprintf(stderr, "\r[context %zu/%zu] %-10s budget %-6g %6.0f s", c + 1, windows.size(),
-                       policy_names[i / budgets.size()].c_str(), fractions[i % budgets.size()], secs);
+          const std::size_t done = c * per_context + i, total = windows.size() * per_context;
+          const double eta = done ? secs * double(total - done) / double(done) : 0.0;
+          const std::size_t p = i / (granularities.size() * budgets.size());
+          const std::size_t g = i / budgets.size() % granularities.size();
+          std::fprintf(stderr, "\r[context %zu/%zu] %-10s %-6s budget %-6g %6.0f s, ETA %6.0f s ",
+                       c + 1, windows.size(), policy_names[p].c_str(),
+                       dc::granularity_name(granularities[g]), fractions[i % budgets.size()], secs, eta);
           std::fflush(stderr);
         });
       }
@@ -123,19 +136,24 @@ int main(int argc, char** argv) {
       if (!csv_path.empty()) {
         csv.open(csv_path);
         DC_CHECK(csv, "--csv: cannot write '", csv_path, "'");
-        csv << "policy,budget,kl_mean,top1_agreement,ppl_ratio,n_contexts,n_steps\n";
+        csv << "policy,granularity,budget,kl_mean,top1_agreement,ppl_ratio,n_contexts,n_steps\n";
       }
-      std::printf("%-10s %7s %10s %8s %9s %9s %8s\n", "policy", "budget", "kl_mean", "top1", "ppl_ratio",
-                  "contexts", "steps");
+      std::printf("%-10s %-11s %7s %10s %8s %9s %9s %8s\n", "policy", "granularity", "budget", "kl_mean",
+                  "top1", "ppl_ratio", "contexts", "steps");
       for (std::size_t p = 0; p < policies.size(); ++p)
-        for (std::size_t b = 0; b < budgets.size(); ++b) {
-          const auto& t = eval.totals()[p * budgets.size() + b];
-          std::printf("%-10s %7.4g %10.5f %8.4f %9.4f %9d %8lld\n", policy_names[p].c_str(), fractions[b],
-                      t.kl_mean(), t.top1_agreement(), t.ppl_ratio(), eval.contexts(), (long long)t.steps);
-          if (csv.is_open())
-            csv << policy_names[p] << ',' << fractions[b] << ',' << t.kl_mean() << ',' << t.top1_agreement()
-                << ',' << t.ppl_ratio() << ',' << eval.contexts() << ',' << t.steps << '\n';
-        }
+        for (std::size_t g = 0; g < granularities.size(); ++g)
+          for (std::size_t b = 0; b < budgets.size(); ++b) {
+            const auto& t = eval.total(p, g, b);
+            // The granularity the policy ran at: a request finer than its rule is capped (tova).
+            const char* ran_at = dc::granularity_name(policies[p]->granularity_for(granularities[g]));
+            std::printf("%-10s %-11s %7.4g %10.5f %8.4f %9.4f %9d %8lld\n", policy_names[p].c_str(), ran_at,
+                        fractions[b], t.kl_mean(), t.top1_agreement(), t.ppl_ratio(), eval.contexts(),
+                        (long long)t.steps);
+            if (csv.is_open())
+              csv << policy_names[p] << ',' << ran_at << ',' << fractions[b] << ',' << t.kl_mean() << ','
+                  << t.top1_agreement() << ',' << t.ppl_ratio() << ',' << eval.contexts() << ',' << t.steps
+                  << '\n';
+          }
       if (csv.is_open()) {
         csv.close();
         DC_CHECK(csv, "--csv: writing '", csv_path, "' failed");

@@ -16,7 +16,8 @@ static int run_cuda_as(dc::HfModel& model, const GenerateOptions& opt,
   dc::Transformer<dc::cuda, W> transformer(model.config, std::move(weights), opt.max_chunk);
   const auto policy = make_policy(opt);
   const auto result = generate(transformer, opt.prompt, opt.max_new_tokens, opt.sampling, opt.seed,
-                               stop_token(tokenizer), *policy, make_budget(opt));
+                               stop_token(tokenizer), *policy, make_budget(opt),
+                               opt.granularity);
   print_result(result, opt.dtype == "bf16" ? "cuda (bf16 weights)" : "cuda (f32 weights)",
                tokenizer);
   return 0;

@@ -8,7 +8,7 @@
 
 #include <distillcache/io/tokenizer.hpp>
 #include <distillcache/model/sampling.hpp>
-#include <distillcache/cache/eviction.hpp>
+#include <distillcache/decode/evicting_decoder.hpp>
 #include <distillcache/model/transformer.hpp>
 
 namespace dc_examples {
@@ -31,12 +31,13 @@ template <dc::Backend B, class W>
 GenerationResult generate(dc::Transformer<B, W>& model, const std::vector<std::int32_t>& prompt,
                           int max_new_tokens, const dc::SamplingOptions& sampling,
                           std::uint64_t seed, int stop, dc::EvictionPolicy& policy,
-                          const dc::Budget& budget) {
+                          const dc::Budget& budget,
+                          dc::Granularity granularity = dc::Granularity::shared) {
   using clock = std::chrono::steady_clock;
   GenerationResult r;
   r.prompt_tokens = static_cast<int>(prompt.size());
   dc::EvictingDecoder<B, W> decoder(model, policy, budget, dc::EvictionMode::decode,
-                                    static_cast<int>(prompt.size()), max_new_tokens);
+                                    static_cast<int>(prompt.size()), max_new_tokens, granularity);
   std::mt19937_64 rng(seed);
 
   auto t0 = clock::now();

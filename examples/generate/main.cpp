@@ -25,7 +25,8 @@ int run_cpu_as(dc::Weights<dc::cpu, W> weights, const dc::ModelConfig& config,
   dc::Transformer<dc::cpu, W> transformer(config, std::move(weights), opt.max_chunk);
   const auto policy = make_policy(opt);
   const auto result = generate(transformer, opt.prompt, opt.max_new_tokens, opt.sampling, opt.seed,
-                               stop_token(tokenizer), *policy, make_budget(opt));
+                               stop_token(tokenizer), *policy, make_budget(opt),
+                               opt.granularity);
   print_result(result, opt.dtype == "bf16" ? "cpu (bf16 weights)" : "cpu (f32 weights)", tokenizer);
   return 0;
 }
@@ -81,7 +82,13 @@ int main(int argc, char** argv) {
   app.add_option("--dtype", opt.dtype, "weight storage: f32 or bf16 (half the bytes per token)")
       ->check(CLI::IsMember({"f32", "bf16"}));
   app.add_option("--max-chunk", opt.max_chunk, "prefill chunk size")->check(integer_in(1, 8192));
-  app.add_option("--policy", opt.policy, "KV-cache eviction: full, random, streaming, h2o, snapkv, tova, knorm");
+  std::string granularity = "shared";
+  app.add_option("--policy", opt.policy,
+                 "KV-cache eviction: full, random, streaming, h2o, observed, snapkv, tova, knorm");
+  app.add_option("--granularity", granularity,
+                 "keep-sets: shared (one for the cache), layer (one per layer) or head (one per "
+                 "layer and KV head)")
+      ->check(CLI::IsMember({"shared", "layer", "head"}));
   app.add_option("--budget", opt.budget, "fraction of the prompt the cache keeps (with --policy)")
       ->check(number());
   if (const auto status = parse_command_line(app, argc, argv, "generate")) return *status;
@@ -94,6 +101,7 @@ int main(int argc, char** argv) {
              "--device cuda: this build of generate has no CUDA backend (configure with nvcc available)");
 #endif
     make_policy(opt);  // an unknown name fails here
+    opt.granularity = dc::parse_granularity(granularity);
     if (!tokens.empty()) opt.prompt = parse_token_list(tokens);
 
     dc::HfModel model;

@@ -24,6 +24,7 @@ struct GenerateOptions {
   int max_chunk = 64;
   std::string policy = "full";  // eviction policy (baselines by name)
   double budget = 1.0;          // fraction of the prompt kept
+  dc::Granularity granularity = dc::Granularity::shared;  // keep-set per cache, layer or KV head
 };
 
 // The eviction policy and budget the options ask for.

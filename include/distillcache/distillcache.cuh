@@ -13,4 +13,4 @@
 #include "cuda/norm.cuh"
 #include "cuda/ops.cuh"
 #include "cuda/rope.cuh"
-#include "cuda/weights.cuh"
+#include "model/weights.cuh"

@@ -22,7 +22,7 @@
 #include "io/tokenizer.hpp"
 #include "io/tokenizer_gguf.hpp"
 #include "cache/budget.hpp"
-#include "cache/eviction.hpp"
+#include "decode/evicting_decoder.hpp"
 #include "cache/features.hpp"
 #include "eval/metrics.hpp"
 #include "policy/baselines.hpp"

@@ -189,7 +189,7 @@ std::vector<BadInput> bad_inputs(const dc_test::TempDir& tmp) {
   add("make_cache", "context longer than the model supports", [&] { model.make_cache(cfg.max_position + 1); },
       "exceeds the model's max_position");
   add("forward", "cache made for another model", [&] {
-    dc::KVCache<dc::cpu> other(dc::ModelConfig::mistral_7b_v0_1(), 4);
+    dc::KVCache<dc::cpu> other(dc::cache_shape_of(dc::ModelConfig::mistral_7b_v0_1()), 4);
     model.forward(prompt(2), other);
   }, "does not match the model");
   add("forward", "logits buffer too small", [&] {
@@ -209,7 +209,19 @@ std::vector<BadInput> bad_inputs(const dc_test::TempDir& tmp) {
       "the KV cache is on CUDA device 1 but the model runs on CUDA device 0");
 
   // ---- KV cache -----------------------------------------------------------------------------
-  add("KVCache", "capacity 0", [&] { dc::KVCache<dc::cpu>(cfg, 0); }, "capacity must be positive");
+  add("KVCache", "capacity 0", [&] { dc::KVCache<dc::cpu>(dc::cache_shape_of(cfg), 0); }, "capacity must be positive");
+  add("KVCache", "query heads not a multiple of kv heads", [&] { dc::KVCache<dc::cpu>(dc::CacheShape{2, 3, 2, 4, 0}, 4); },
+      "3 query heads are not a multiple of 2 kv heads");
+  add("KVCache::compact_heads", "keep entries not a multiple of the kv heads", [&] {
+    auto cache = dc::KVCache<dc::cpu>(dc::CacheShape{1, 4, 2, 4, 0}, 8);
+    cache.append({}, 4);
+    cache.compact_heads({}, 0, std::vector<std::int32_t>{0, 1, 2});
+  }, "3 keep entries are not 2 equal per-head keep-sets");
+  add("KVCache::compact_heads", "a head's keep-set not ascending", [&] {
+    auto cache = dc::KVCache<dc::cpu>(dc::CacheShape{1, 4, 2, 4, 0}, 8);
+    cache.append({}, 4);
+    cache.compact_heads({}, 0, std::vector<std::int32_t>{0, 1, 3, 2});
+  }, "keep-set of kv head 1 must be strictly ascending");
   add("KVCache::compact", "keep-set not ascending", [&] {
     auto cache = model.make_cache(8);
     model.forward(prompt(4), cache);
@@ -219,12 +231,12 @@ std::vector<BadInput> bad_inputs(const dc_test::TempDir& tmp) {
     auto cache = model.make_cache(8);
     model.forward(prompt(4), cache);
     cache.compact({}, std::vector<std::int32_t>{0, 4});
-  }, "slot 4 outside [0, 4)");
+  }, "slot 4 of kv head 0 outside [0, 4)");
   add("KVCache", "layer index out of range", [&] { model.make_cache(4).length(2); },
       "layer 2 outside [0, 2)");
   add("KVCache::copy_from", "caches of different models", [&] {
     auto cache = model.make_cache(4);
-    cache.copy_from({}, dc::KVCache<dc::cpu>(dc::ModelConfig::mistral_7b_v0_1(), 4));
+    cache.copy_from({}, dc::KVCache<dc::cpu>(dc::cache_shape_of(dc::ModelConfig::mistral_7b_v0_1()), 4));
   }, "different model shapes");
   add("KVCache::truncate", "longer than the cache", [&] { model.make_cache(4).truncate(1); },
       "truncate to 1 outside [0, 0]");
@@ -263,19 +275,31 @@ std::vector<BadInput> bad_inputs(const dc_test::TempDir& tmp) {
     const dc::TokenFeatures f = dc::gather_features(m.context(), cache);
     std::vector<float> s(4);
     dc::make_baseline_policy("h2o")->score(f, 2, s);
-  }, "features: 'alpha': entry 2 is NaN");
+  }, "features: 'alpha' of row 2 is NaN");
   add("EvictionPolicy::score", "a feature is inf", [&] {
     dc::TokenFeatures f = tiny_features();
-    f.value_norm[1] = INFINITY;
+    f.x[1 * dc::kNumFeatures + int(dc::Feature::value_norm)] = INFINITY;
     std::vector<float> s(4);
     dc::make_baseline_policy("knorm")->score(f, 2, s);
-  }, "features: 'value_norm': entry 1 is +inf");
+  }, "features: 'value_norm' of row 1 is +inf");
+  add("EvictionPolicy::score", "a raw statistic is inf", [&] {
+    dc::TokenFeatures f = tiny_features();
+    f.key_norm[3] = -INFINITY;
+    std::vector<float> s(4);
+    dc::make_baseline_policy("knorm")->score(f, 2, s);
+  }, "features: 'key_norm': entry 3 is -inf");
   add("EvictionPolicy::score", "feature columns of different lengths", [&] {
     dc::TokenFeatures f = tiny_features();
-    f.entropy.pop_back();
+    f.key_norm.pop_back();
     std::vector<float> s(4);
     dc::make_baseline_policy("tova")->score(f, 2, s);
-  }, "'entropy' has 3 entries for 4 slots");
+  }, "'key_norm' has 3 entries for 4 rows");
+  add("EvictionPolicy::score", "groups that do not tile the rows", [&] {
+    dc::TokenFeatures f = tiny_features();
+    f.groups[0].row_end = 3;
+    std::vector<float> s(4);
+    dc::make_baseline_policy("tova")->score(f, 2, s);
+  }, "groups cover 3 of 4 rows");
   add("EvictionPolicy::score", "scores span of the wrong size", [&] {
     std::vector<float> s(3);
     dc::make_baseline_policy("h2o")->score(tiny_features(), 2, s);
@@ -287,7 +311,7 @@ std::vector<BadInput> bad_inputs(const dc_test::TempDir& tmp) {
   add("EvictionPolicy::score", "a policy writes a NaN score", [&] {
     std::vector<float> s(4);
     NanPolicy().score(tiny_features(), 2, s);
-  }, "policy 'nan' gave slot 0 (position 0) a NaN score");
+  }, "policy 'nan' gave row 0 (position 0) a NaN score");
   add("make_baseline_policy", "unknown name", [&] { dc::make_baseline_policy("lru"); },
       "unknown policy 'lru' (known: full, random");
   add("select_keep", "NaN score", [&] {
@@ -305,6 +329,8 @@ std::vector<BadInput> bad_inputs(const dc_test::TempDir& tmp) {
     cache.compact_layer({}, 0, std::vector<std::int32_t>{0, 1});
     dc::gather_features(model.context(), cache);
   }, "hold different slots");
+  add("parse_granularity", "unknown name", [&] { dc::parse_granularity("token"); },
+      "unknown granularity 'token' (known: shared, layer, head)");
 
   // ---- the evicting decoder -----------------------------------------------------------------
   // Static: the rows run after this function returns.

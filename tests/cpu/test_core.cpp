@@ -77,10 +77,11 @@ TEST_CASE("KV cache hands out consecutive positions and accounts bytes exactly")
   c.num_kv_heads = 2;
   c.head_dim = 2;
   c.max_position = 64;
-  dc::KVCache<dc::cpu> cache(c, 10);
+  dc::KVCache<dc::cpu> cache(dc::cache_shape_of(c), 10);
   dc::Context<dc::cpu> ctx;
-  // Per slot and layer: K and V rows (2 kv heads x 2 dims), a position, stat rows (6 + 4 heads).
-  const std::size_t per_slot_layer = 2 * 2 * 2 * sizeof(float) + sizeof(std::int32_t) + 10 * sizeof(float);
+  // Per slot, layer and KV head (2 of them): K and V rows (2 dims), a position, stat rows (6 + 2
+  // query heads of the group).
+  const std::size_t per_slot_layer = 2 * (2 * 2 * sizeof(float) + sizeof(std::int32_t) + 8 * sizeof(float));
   CHECK(cache.bytes_per_slot_layer() == per_slot_layer);
   CHECK(cache.bytes_used() == 0);
   CHECK(cache.bytes_reserved() == 3 * 10 * per_slot_layer);
@@ -91,9 +92,11 @@ TEST_CASE("KV cache hands out consecutive positions and accounts bytes exactly")
   CHECK(cache.length() == 6);
   CHECK(cache.next_position() == 6);
   CHECK(cache.positions(1)[5] == 5);
+  CHECK(cache.positions(1)[10 + 5] == 5);  // KV head 1's positions follow head 0's capacity
+  CHECK(cache.host_positions(2, 1).size() == 6);
   CHECK(cache.bytes_used() == 3 * 6 * per_slot_layer);
   CHECK_THROWS_WITH_AS(cache.append(ctx, 5), doctest::Contains("KV cache full"), dc::Error);
-  CHECK_THROWS_AS(dc::KVCache<dc::cpu>(c, 0), dc::Error);
+  CHECK_THROWS_AS(dc::KVCache<dc::cpu>(dc::cache_shape_of(c), 0), dc::Error);
   cache.clear();
   CHECK(cache.length() == 0);
 }

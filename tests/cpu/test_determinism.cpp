@@ -49,7 +49,7 @@ Generation generate(dc::Transformer<dc::cpu>& model, std::uint64_t seed) {
     const std::int32_t next = dc::sample_token(logits, sampling, rng);
     g.tokens.push_back(next);
     logits = dec.step(next);
-    g.kept.push_back(dec.cache().host_positions());
+    g.kept.push_back(dec.cache().host_positions(0));
   }
   return g;
 }

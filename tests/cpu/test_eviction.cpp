@@ -62,7 +62,7 @@ TEST_CASE("decoding with an evicted cache equals full-cache decoding masked to t
         const std::vector<std::int32_t> keep2{0, 2, 3, 5, 6, 7, 8, 10, 11};
         for (int pos : {1, 8, 17}) evicted_at[std::size_t(pos)] = 20;
         cache.compact(model.context(), keep2);
-        CHECK(cache.host_positions() == std::vector<std::int32_t>{0, 5, 7, 12, 14, 15, 16, 18, 19});
+        CHECK(cache.host_positions(0) == std::vector<std::int32_t>{0, 5, 7, 12, 14, 15, 16, 18, 19});
       }
       got.push_back(model.forward(std::span(ids).subspan(std::size_t(t), 1), cache));
     }
@@ -129,12 +129,13 @@ TEST_CASE("the five features equal a naive computation from explicit attention m
     for (int l = 0; l < L; ++l)
       for (int g = 0; g < KV; ++g) vnorm += ref.value_norm[std::size_t(l)][std::size_t(g)][std::size_t(k)] / (L * KV);
     const std::size_t s = std::size_t(k);
-    worst_alpha = std::max(worst_alpha, std::fabs(f.alpha[s] - alpha));
-    worst_sigma = std::max(worst_sigma, std::fabs(f.head_variance[s] - (sq - mean * mean)));
-    worst_entropy = std::max(worst_entropy, std::fabs(f.entropy[s] - ent_mass / mass));
-    worst_norm = std::max(worst_norm, std::fabs(f.value_norm[s] - vnorm) / vnorm);
-    worst_last = std::max(worst_last, std::fabs(f.last_query_mass[s] - last));
-    CHECK(f.relative_position[s] == doctest::Approx(double(k) / (n - 1)));
+    using F = dc::Feature;
+    worst_alpha = std::max(worst_alpha, std::fabs(f.feature(k, F::alpha) - alpha));
+    worst_sigma = std::max(worst_sigma, std::fabs(f.feature(k, F::head_variance) - (sq - mean * mean)));
+    worst_entropy = std::max(worst_entropy, std::fabs(f.feature(k, F::entropy) - ent_mass / mass));
+    worst_norm = std::max(worst_norm, std::fabs(f.feature(k, F::value_norm) - vnorm) / vnorm);
+    worst_last = std::max(worst_last, std::fabs(f.last_query_mass[s] - last / H));
+    CHECK(f.feature(k, F::position) == doctest::Approx(double(k) / (n - 1)));
     CHECK(f.accumulated_mass[s] == doctest::Approx(mass).epsilon(1e-4));
   }
   MESSAGE("feature errors: alpha " << worst_alpha << ", sigma " << worst_sigma << ", entropy "
@@ -153,30 +154,36 @@ TEST_CASE("the five features equal a naive computation from explicit attention m
   REQUIRE(g.size == int(keep.size()));
   for (std::size_t i = 0; i < keep.size(); ++i) {
     CHECK(g.position[i] == f.position[std::size_t(keep[i])]);
-    CHECK(g.alpha[i] == f.alpha[std::size_t(keep[i])]);
-    CHECK(g.entropy[i] == f.entropy[std::size_t(keep[i])]);
+    CHECK(g.feature(int(i), dc::Feature::alpha) == f.feature(keep[i], dc::Feature::alpha));
+    CHECK(g.feature(int(i), dc::Feature::entropy) == f.feature(keep[i], dc::Feature::entropy));
     CHECK(g.key_norm[i] == f.key_norm[std::size_t(keep[i])]);
   }
 }
 
 namespace {
 
-// Fixed inputs for the baselines: 20 slots at positions 0..19 with deterministic features.
-dc::TokenFeatures fixed_features() {
+// Fixed inputs for the baselines: `groups` groups of 20 rows at positions 0..19 with
+// deterministic features (group g's values shifted by g, so the groups rank differently).
+dc::TokenFeatures fixed_features(int groups = 1) {
   dc::TokenFeatures f;
-  f.size = 20;
   f.latest_position = 19;
-  for (int i = 0; i < f.size; ++i) {
-    f.position.push_back(i);
-    f.alpha.push_back(float((i * 7) % 11) / 10.0f);
-    f.accumulated_mass.push_back(float((i * 5) % 13));
-    f.last_query_mass.push_back(float((i * 3) % 17) / 16.0f);
-    f.key_norm.push_back(float((i * 11) % 19));
-    f.value_norm.push_back(1.0f);
-    f.head_variance.push_back(0.0f);
-    f.entropy.push_back(0.0f);
-    f.relative_position.push_back(float(i) / 19.0f);
+  f.granularity = groups == 1 ? dc::Granularity::shared : dc::Granularity::head;
+  for (int g = 0; g < groups; ++g) {
+    f.groups.push_back({0, 1, g, g + 1, f.size, f.size + 20});
+    for (int i = 0; i < 20; ++i) {
+      const int v = i + 3 * g;
+      f.group.push_back(g);
+      f.slot.push_back(i);
+      f.position.push_back(i);
+      const float row[dc::kNumFeatures] = {float((v * 7) % 11) / 10.0f, 1.0f, 0.0f, 0.0f, float(i) / 19.0f};
+      f.x.insert(f.x.end(), row, row + dc::kNumFeatures);
+      f.accumulated_mass.push_back(float((v * 5) % 13));
+      f.last_query_mass.push_back(float((v * 3) % 17) / 16.0f);
+      f.key_norm.push_back(float((v * 11) % 19));
+    }
+    f.size += 20;
   }
+  f.validate();
   return f;
 }
 
@@ -190,10 +197,15 @@ std::vector<std::int32_t> top_by(const std::vector<double>& key, int budget) {
   return idx;
 }
 
-std::vector<std::int32_t> keep_of(dc::EvictionPolicy& p, const dc::TokenFeatures& f, int budget) {
+// The keep-set of every group.
+dc::KeepSets keep_sets_of(dc::EvictionPolicy& p, const dc::TokenFeatures& f, int budget) {
   std::vector<float> s(std::size_t(f.size));
   p.score(f, budget, s);
-  return dc::select_keep(s, f.position, budget);
+  return dc::select_keep_groups(s, f, budget);
+}
+
+std::vector<std::int32_t> keep_of(dc::EvictionPolicy& p, const dc::TokenFeatures& f, int budget) {
+  return keep_sets_of(p, f, budget).at(0);
 }
 
 }  // namespace
@@ -214,10 +226,14 @@ TEST_CASE("each baseline keeps what a straightforward reference keeps") {
   for (int i = 0; i < 20; ++i) {
     double pooled = 0;
     for (int j = i - 1; j <= i + 1; ++j)
-      if (j >= 0 && j < 20) pooled += f.alpha[std::size_t(j)];
+      if (j >= 0 && j < 20) pooled += f.feature(j, dc::Feature::alpha);
     key[std::size_t(i)] = i >= 16 ? 1e9 : pooled / 3;
   }
   CHECK(keep_of(snapkv, f, B) == top_by(key, B));
+
+  dc::ObservedAttentionPolicy observed;  // mean attention received, no recent window
+  for (int i = 0; i < 20; ++i) key[std::size_t(i)] = f.feature(i, dc::Feature::alpha);
+  CHECK(keep_of(observed, f, B) == top_by(key, B));
 
   dc::TOVAPolicy tova;
   for (int i = 0; i < 20; ++i) key[std::size_t(i)] = f.last_query_mass[std::size_t(i)];
@@ -310,9 +326,9 @@ TEST_CASE("eviction decisions and logits are identical for 1 and 2 OpenMP thread
         const auto l = dec.step(ids[std::size_t(t)]);
         out.insert(out.end(), l.begin(), l.end());
       }
-      const auto features = dc::gather_features(model.context(), dec.cache()).matrix();
+      const auto features = dc::gather_features(model.context(), dec.cache()).x;
       out.insert(out.end(), features.begin(), features.end());
-      return std::make_pair(dec.cache().host_positions(), out);
+      return std::make_pair(dec.cache().host_positions(0), out);
     });
   };
   const auto one = run(1), two = run(2);
@@ -320,3 +336,261 @@ TEST_CASE("eviction decisions and logits are identical for 1 and 2 OpenMP thread
   CHECK(one.second == two.second);
 }
 #endif
+
+namespace {
+
+// Per-(layer, KV head) keep-set of `count` of the slots [0, n): a different pseudo-random choice
+// for every layer and head.
+std::vector<std::int32_t> scattered_keep(int n, int count, int layer, int head) {
+  std::vector<std::int32_t> slots(static_cast<std::size_t>(n));
+  std::iota(slots.begin(), slots.end(), 0);
+  std::stable_sort(slots.begin(), slots.end(), [&](int a, int b) {
+    return (a * 5 + 3 * head + 7 * layer) % n < (b * 5 + 3 * head + 7 * layer) % n;
+  });
+  slots.resize(std::size_t(count));
+  std::sort(slots.begin(), slots.end());
+  return slots;
+}
+
+}  // namespace
+
+TEST_CASE("per-head keep-sets: decoding equals the reference masked per (layer, KV head)") {
+  for (const std::string name : {"tiny_mistral", "tiny_mistral_swa"}) {
+    CAPTURE(name);
+    dc::HfModel m = dc::load_hf_model(kFixtures + "/" + name);
+    const dc::HostWeights reference_weights = dc::load_hf_model(kFixtures + "/" + name).weights;
+    const dc::ModelConfig cfg = m.config;
+    REQUIRE(cfg.num_kv_heads >= 2);
+    dc::Transformer<dc::cpu> model(cfg, std::move(m.weights), 8);
+    const auto tokens = fixture_tokens(name);
+    std::vector<std::int32_t> ids(tokens.begin(), tokens.end());
+    const int prompt = 16, L = cfg.num_layers, KV = cfg.num_kv_heads;
+    // evicted_at[l][g][k]: first query position that no longer sees key k through (l, g).
+    std::vector<std::vector<std::vector<int>>> evicted_at(
+        std::size_t(L), std::vector<std::vector<int>>(std::size_t(KV), std::vector<int>(tokens.size(), INT_MAX)));
+    auto cache = model.make_cache(int(tokens.size()));
+    model.forward(std::span(ids).first(prompt), cache);
+
+    // Evict after prefill: every (layer, head) keeps its own 8 of the 16 slots.
+    for (int l = 0; l < L; ++l) {
+      std::vector<std::int32_t> flat;
+      for (int g = 0; g < KV; ++g) {
+        const auto keep = scattered_keep(prompt, 8, l, g);
+        for (int k = 0; k < prompt; ++k)
+          if (!std::binary_search(keep.begin(), keep.end(), k)) evicted_at[std::size_t(l)][std::size_t(g)][std::size_t(k)] = prompt;
+        flat.insert(flat.end(), keep.begin(), keep.end());
+      }
+      cache.compact_heads(model.context(), l, flat);
+      CHECK_FALSE(cache.heads_share_slots(l));
+    }
+    CHECK(cache.length() == 8);
+    CHECK(cache.bytes_used() == std::size_t(8) * L * cache.bytes_per_slot_layer());
+
+    std::vector<std::vector<float>> got;
+    for (int t = prompt; t < int(tokens.size()); ++t) {
+      if (t == 20) {  // evict during decoding too: each head drops 3 of its 12 slots
+        for (int l = 0; l < L; ++l) {
+          std::vector<std::int32_t> flat;
+          for (int g = 0; g < KV; ++g) {
+            const auto& pos = cache.host_positions(l, g);
+            const auto keep = scattered_keep(int(pos.size()), int(pos.size()) - 3, l, g + 1);
+            for (int s = 0; s < int(pos.size()); ++s)
+              if (!std::binary_search(keep.begin(), keep.end(), s))
+                evicted_at[std::size_t(l)][std::size_t(g)][std::size_t(pos[std::size_t(s)])] = 20;
+            flat.insert(flat.end(), keep.begin(), keep.end());
+          }
+          cache.compact_heads(model.context(), l, flat);
+        }
+        CHECK(cache.length() == 9);
+      }
+      got.push_back(model.forward(std::span(ids).subspan(std::size_t(t), 1), cache));
+    }
+    const auto ref = dc_test::reference_forward(cfg, reference_weights, tokens, [&](int l, int g, int q, int k) {
+      return q < evicted_at[std::size_t(l)][std::size_t(g)][std::size_t(k)];
+    });
+    double worst = 0.0;
+    for (int t = prompt; t < int(tokens.size()); ++t)
+      worst = std::max(worst, max_abs_diff(got[std::size_t(t - prompt)], ref.logits[std::size_t(t)]));
+    MESSAGE(name << ": per-head evicted decode vs masked reference, max abs error " << worst);
+    CHECK(worst < 1e-4);
+    // The heads' sets really differ: masking every head like head 0 gives other logits.
+    const auto like_head0 = dc_test::reference_forward(cfg, reference_weights, tokens, [&](int l, int, int q, int k) {
+      return q < evicted_at[std::size_t(l)][0][std::size_t(k)];
+    });
+    CHECK(max_abs_diff(got.back(), like_head0.logits.back()) > 1e-3);
+  }
+}
+
+TEST_CASE("head- and layer-granular features equal a naive computation per (layer, KV head)") {
+  dc::HfModel m = dc::load_hf_model(kFixtures + "/tiny_mistral");
+  const dc::HostWeights w = dc::load_hf_model(kFixtures + "/tiny_mistral").weights;
+  const dc::ModelConfig cfg = m.config;
+  dc::Transformer<dc::cpu> model(cfg, std::move(m.weights), 5);
+  const auto tokens = fixture_tokens("tiny_mistral");
+  std::vector<std::int32_t> ids(tokens.begin(), tokens.end());
+  const int n = 14, observed_from = 6;
+  auto cache = model.make_cache(n);
+  cache.set_observed_from(observed_from);
+  model.forward(std::span(ids).first(n), cache);
+  const std::vector<int> seq(tokens.begin(), tokens.begin() + n);
+  const auto ref = dc_test::reference_forward(cfg, w, seq, [](int, int) { return true; });
+  const int H = cfg.num_heads, L = cfg.num_layers, KV = cfg.num_kv_heads, G = H / KV;
+
+  // Naive features of key k over layers [l0, l1) and KV heads [g0, g1).
+  struct Naive { double alpha, sigma, entropy, vnorm, knorm, last; };
+  auto naive = [&](int k, int l0, int l1, int g0, int g1) {
+    double mass = 0, ent_mass = 0, queries = 0, last = 0, vnorm = 0, knorm = 0;
+    std::vector<double> head_mass;
+    for (int l = l0; l < l1; ++l) {
+      for (int g = g0; g < g1; ++g) {
+        vnorm += ref.value_norm[std::size_t(l)][std::size_t(g)][std::size_t(k)];
+        knorm += ref.key_norm[std::size_t(l)][std::size_t(g)][std::size_t(k)];
+      }
+      for (int q = std::max(observed_from, k); q < n; ++q) queries += 1;
+    }
+    for (int g = g0; g < g1; ++g)
+      for (int h = g * G; h < (g + 1) * G; ++h) {
+        double hm = 0;
+        for (int l = l0; l < l1; ++l)
+          for (int q = std::max(observed_from, k); q < n; ++q) {
+            const auto& row = ref.probs[std::size_t(l)][std::size_t(h)][std::size_t(q)];
+            double entropy = 0;
+            for (double p : row)
+              if (p > 0) entropy -= p * std::log(p);
+            const double p = row[std::size_t(k)];
+            mass += p;
+            ent_mass += p * entropy;
+            hm += p;
+            if (q == n - 1) last += p;
+          }
+        head_mass.push_back(hm / queries);
+      }
+    const double heads = double(head_mass.size()), covered = double((l1 - l0) * (g1 - g0));
+    double mean = 0, sq = 0;
+    for (double hm : head_mass) {
+      mean += hm / heads;
+      sq += hm * hm / heads;
+    }
+    return Naive{mass / (queries * heads), sq - mean * mean, ent_mass / mass, vnorm / covered,
+                 knorm / covered, last / heads / (l1 - l0)};
+  };
+  auto check_rows = [&](const dc::TokenFeatures& f) {
+    f.validate();
+    double worst = 0;
+    for (const auto& grp : f.groups)
+      for (int r = grp.row_begin; r < grp.row_end; ++r) {
+        const int k = f.position[std::size_t(r)];
+        const Naive want = naive(k, grp.layer_begin, grp.layer_end, grp.head_begin, grp.head_end);
+        using F = dc::Feature;
+        worst = std::max({worst, std::fabs(f.feature(r, F::alpha) - want.alpha),
+                          std::fabs(f.feature(r, F::head_variance) - want.sigma),
+                          std::fabs(f.feature(r, F::entropy) - want.entropy) / 10,
+                          std::fabs(f.feature(r, F::value_norm) - want.vnorm) / want.vnorm,
+                          std::fabs(f.key_norm[std::size_t(r)] - want.knorm) / want.knorm,
+                          std::fabs(f.last_query_mass[std::size_t(r)] - want.last)});
+      }
+    return worst;
+  };
+  const auto head = dc::gather_features(model.context(), cache, dc::Granularity::head);
+  REQUIRE(head.num_groups() == L * KV);
+  REQUIRE(head.size == L * KV * n);
+  const auto layer = dc::gather_features(model.context(), cache, dc::Granularity::layer);
+  REQUIRE(layer.num_groups() == L);
+  REQUIRE(layer.size == L * n);
+  const auto shared = dc::gather_features(model.context(), cache, dc::Granularity::shared);
+  const double worst_head = check_rows(head), worst_layer = check_rows(layer), worst_shared = check_rows(shared);
+  MESSAGE("feature errors: head " << worst_head << ", layer " << worst_layer << ", shared " << worst_shared);
+  CHECK(worst_head < 1e-5);
+  CHECK(worst_layer < 1e-5);
+  CHECK(worst_shared < 1e-5);
+  // The heads of a group see different attention: head rows are not copies of each other.
+  CHECK(head.feature(n - 3, dc::Feature::alpha) != head.feature(n + n - 3, dc::Feature::alpha));
+
+  // After per-head compaction only head granularity can be gathered; statistics move with slots.
+  std::vector<std::int32_t> flat;
+  for (int g = 0; g < KV; ++g) {
+    const auto keep = scattered_keep(n, 6, 0, g);
+    flat.insert(flat.end(), keep.begin(), keep.end());
+  }
+  cache.compact_heads(model.context(), 0, flat);
+  CHECK_THROWS_WITH_AS(dc::gather_features(model.context(), cache, dc::Granularity::layer),
+                       doctest::Contains("hold different slots"), dc::Error);
+  cache.compact_layer(model.context(), 1, scattered_keep(n, 6, 1, 0));
+  const auto after = dc::gather_features(model.context(), cache, dc::Granularity::head);
+  CHECK(after.size == L * KV * 6);
+  for (int g = 0; g < KV; ++g)
+    for (int i = 0; i < 6; ++i) {
+      const int before_row = g * n + flat[std::size_t(g * 6 + i)];
+      CHECK(after.position[std::size_t(g * 6 + i)] == head.position[std::size_t(before_row)]);
+      CHECK(after.feature(g * 6 + i, dc::Feature::alpha) == head.feature(before_row, dc::Feature::alpha));
+    }
+}
+
+TEST_CASE("grouped selection: each group keeps its own top-B; SnapKV pools inside its group") {
+  const auto f = fixed_features(3);
+  const int B = 6;
+  dc::H2OPolicy h2o;
+  dc::SnapKVPolicy snapkv(4, 3);
+  dc::KNormPolicy knorm;
+  const auto h2o_sets = keep_sets_of(h2o, f, B), snap_sets = keep_sets_of(snapkv, f, B),
+             knorm_sets = keep_sets_of(knorm, f, B);
+  REQUIRE(h2o_sets.size() == 3);
+  std::vector<double> key(20);
+  for (int g = 0; g < 3; ++g) {
+    const int base = g * 20;
+    for (int i = 0; i < 20; ++i) key[std::size_t(i)] = i >= 17 ? 1e9 : f.accumulated_mass[std::size_t(base + i)];
+    CHECK(h2o_sets[std::size_t(g)] == top_by(key, B));
+    for (int i = 0; i < 20; ++i) {
+      double pooled = 0;
+      for (int j = i - 1; j <= i + 1; ++j)  // zero padding at the group's own edges
+        if (j >= 0 && j < 20) pooled += f.feature(base + j, dc::Feature::alpha);
+      key[std::size_t(i)] = i >= 16 ? 1e9 : pooled / 3;
+    }
+    CHECK(snap_sets[std::size_t(g)] == top_by(key, B));
+    for (int i = 0; i < 20; ++i) key[std::size_t(i)] = -f.key_norm[std::size_t(base + i)];
+    CHECK(knorm_sets[std::size_t(g)] == top_by(key, B));
+  }
+  CHECK(knorm_sets[0] != knorm_sets[1]);  // the groups rank differently
+}
+
+TEST_CASE("EvictingDecoder at head granularity: per-head sets, exact bytes; TOVA keeps one set per layer") {
+  dc::HfModel m = dc::load_hf_model(kFixtures + "/tiny_mistral");
+  dc::Transformer<dc::cpu> model(m.config, std::move(m.weights), 8);
+  const auto tokens = fixture_tokens("tiny_mistral");
+  std::vector<std::int32_t> ids(tokens.begin(), tokens.end());
+  const int L = m.config.num_layers;
+  dc::Budget budget = dc::Budget::of_fraction(0.5);
+  budget.chunk = 3;
+  dc::KNormPolicy knorm;
+  dc::EvictingDecoder<dc::cpu> dec(model, knorm, budget, dc::EvictionMode::decode, 16, 8, dc::Granularity::head);
+  CHECK(dec.granularity() == dc::Granularity::head);
+  dec.prefill(std::span(ids).first(16));
+  bool differ = false;
+  for (int l = 0; l < L; ++l) differ = differ || !dec.cache().heads_share_slots(l);
+  CHECK(differ);  // key norms differ between heads
+  CHECK(dec.cache().bytes_used() == std::size_t(8) * L * dec.cache().bytes_per_slot_layer());
+  for (int t = 16; t < 24; ++t) {
+    dec.step(ids[std::size_t(t)]);
+    CHECK(dec.cache().length() <= 8 + 3 - 1);
+  }
+  // Prompt compression: every (layer, head) keeps exactly its 8 lowest-norm keys.
+  dc::EvictingDecoder<dc::cpu> once(model, knorm, budget, dc::EvictionMode::prefill, 16, 8, dc::Granularity::head);
+  once.prefill(std::span(ids).first(16));
+  auto full = model.make_cache(16);
+  model.forward(std::span(ids).first(16), full);
+  const auto f = dc::gather_features(model.context(), full, dc::Granularity::head);
+  REQUIRE(f.num_groups() == L * m.config.num_kv_heads);
+  for (const auto& g : f.groups) {
+    std::vector<double> key;
+    for (int r = g.row_begin; r < g.row_end; ++r) key.push_back(-f.key_norm[std::size_t(r)]);
+    CHECK(once.cache().host_positions(g.layer_begin, g.head_begin) == top_by(key, 8));
+  }
+
+  dc::TOVAPolicy tova;
+  dc::EvictingDecoder<dc::cpu> per_layer(model, tova, budget, dc::EvictionMode::decode, 16, 8, dc::Granularity::head);
+  CHECK(per_layer.granularity() == dc::Granularity::layer);
+  per_layer.prefill(std::span(ids).first(16));
+  for (int l = 0; l < L; ++l) CHECK(per_layer.cache().heads_share_slots(l));
+  CHECK(dc::parse_granularity("head") == dc::Granularity::head);
+  CHECK_THROWS_WITH_AS(dc::parse_granularity("token"), doctest::Contains("unknown granularity 'token'"), dc::Error);
+}

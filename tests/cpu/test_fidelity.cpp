@@ -78,10 +78,10 @@ TEST_CASE("adopting a shared prefill equals prefilling per policy") {
     dc::EvictingDecoder<dc::cpu> adopted(model, *policy, budget, dc::EvictionMode::decode, 16, 8);
     direct.prefill(prompt);
     auto shared = model.make_cache(16);
-    shared.set_observed_from(dc::EvictingDecoder<dc::cpu>::observation_start(*policy, 16));
+    shared.set_observed_from(policy->observation_start(16));
     const auto logits = model.forward(prompt, shared);
     adopted.adopt_prefill(shared, logits);
-    CHECK(direct.cache().host_positions() == adopted.cache().host_positions());
+    CHECK(direct.cache().host_positions(0) == adopted.cache().host_positions(0));
     for (int t = 16; t < 24; ++t) {
       const auto x = direct.step(ids[std::size_t(t)]);
       const std::vector<float> xa(x.begin(), x.end());

@@ -118,7 +118,7 @@ TEST_CASE("forward rejects bad tokens, a full cache and contexts past max_positi
   const std::vector<std::int32_t> five{1, 2, 3, 4, 5};
   CHECK_THROWS_WITH_AS(model.forward(five, cache), doctest::Contains("KV cache full"), dc::Error);
   CHECK_THROWS_WITH_AS(model.make_cache(100000), doctest::Contains("max_position"), dc::Error);
-  auto other = dc::KVCache<dc::cpu>(dc::ModelConfig::mistral_7b_v0_1(), 4);
+  auto other = dc::KVCache<dc::cpu>(dc::cache_shape_of(dc::ModelConfig::mistral_7b_v0_1()), 4);
   CHECK_THROWS_WITH_AS(model.forward(five, other), doctest::Contains("does not match"), dc::Error);
 }
 

@@ -143,10 +143,14 @@ TEST_CASE("matmul equals a double-precision reference for every tile shape") {
 
 TEST_CASE("attention equals an explicit masked softmax over a compacted cache") {
   // 3 query heads per KV head, window 6, cache slots holding non-contiguous positions (as after
-  // eviction): the op must mask by position, not by slot.
+  // eviction), different ones in each KV head (per-head keep-sets): the op must mask each head by
+  // its own positions, not by slot.
   const dc::AttentionShape s{6, 2, 8, 6, 1.0f / std::sqrt(8.0f), 16};
-  const std::vector<std::int32_t> key_pos{0, 1, 4, 5, 7, 9, 10, 11};
-  const int len = int(key_pos.size());
+  const int len = 8;
+  std::vector<std::int32_t> key_pos(std::size_t(2) * s.capacity, -1);  // [kv_heads, capacity]
+  const std::int32_t head0[] = {0, 1, 4, 5, 7, 9, 10, 11}, head1[] = {0, 2, 3, 6, 8, 9, 10, 11};
+  std::copy(head0, head0 + len, key_pos.begin());
+  std::copy(head1, head1 + len, key_pos.begin() + s.capacity);
   const std::vector<std::int32_t> query_pos{10, 11};
   const int n = 2;
   auto kc = random_vector(std::size_t(s.num_kv_heads) * s.capacity * s.head_dim, 4);
@@ -158,11 +162,11 @@ TEST_CASE("attention equals an explicit masked softmax over a compacted cache") 
   for (int t = 0; t < n; ++t)
     for (int h = 0; h < s.num_heads; ++h) {
       const int g = h / 3;
+      const std::int32_t* kp = key_pos.data() + std::size_t(g) * s.capacity;
       std::vector<double> p(std::size_t(len), 0.0);
       double m = -1e300, z = 0.0;
       for (int j = 0; j < len; ++j) {
-        const bool visible = key_pos[std::size_t(j)] <= query_pos[std::size_t(t)] &&
-                             query_pos[std::size_t(t)] - key_pos[std::size_t(j)] < 6;
+        const bool visible = kp[j] <= query_pos[std::size_t(t)] && query_pos[std::size_t(t)] - kp[j] < 6;
         if (!visible) continue;
         double dot = 0.0;
         for (int i = 0; i < s.head_dim; ++i)
@@ -172,8 +176,7 @@ TEST_CASE("attention equals an explicit masked softmax over a compacted cache") 
         m = std::max(m, p[std::size_t(j)]);
       }
       for (int j = 0; j < len; ++j) {
-        const bool visible = key_pos[std::size_t(j)] <= query_pos[std::size_t(t)] &&
-                             query_pos[std::size_t(t)] - key_pos[std::size_t(j)] < 6;
+        const bool visible = kp[j] <= query_pos[std::size_t(t)] && query_pos[std::size_t(t)] - kp[j] < 6;
         p[std::size_t(j)] = visible ? std::exp(p[std::size_t(j)] - m) : 0.0;
         z += p[std::size_t(j)];
       }
@@ -188,19 +191,19 @@ TEST_CASE("attention equals an explicit masked softmax over a compacted cache") 
 
 #if defined(_OPENMP)
 TEST_CASE("attention statistics over a long cache are identical for 1 and 2 threads") {
-  // Past 4096 slots the statistics fold runs in parallel over slots; each slot must still be
+  // Past 4096 (KV head, slot) pairs the statistics fold runs in parallel; each slot must still be
   // accumulated by one thread in query order (also what the ThreadSanitizer run exercises).
   const int len = 5000, n = 3;
   const dc::AttentionShape s{4, 2, 8, 0, 1.0f / std::sqrt(8.0f), len};
-  std::vector<std::int32_t> key_pos(static_cast<std::size_t>(len));
-  for (int j = 0; j < len; ++j) key_pos[std::size_t(j)] = j;
+  std::vector<std::int32_t> key_pos(std::size_t(s.num_kv_heads) * len);  // [kv_heads, capacity]
+  for (std::size_t j = 0; j < key_pos.size(); ++j) key_pos[j] = std::int32_t(j % std::size_t(len));
   const std::vector<std::int32_t> query_pos{len - 3, len - 2, len - 1};
   const auto kc = random_vector(std::size_t(s.num_kv_heads) * len * s.head_dim, 7);
   const auto vc = random_vector(kc.size(), 8);
   const auto q = random_vector(std::size_t(n) * s.num_heads * s.head_dim, 9);
   auto run = [&](int threads) {
     return dc_test::with_threads(threads, [&] {
-      std::vector<float> out(q.size()), stats(std::size_t(dc::stat_rows(s.num_heads)) * len, 0.0f);
+      std::vector<float> out(q.size()), stats(std::size_t(dc::stat_block_floats(s.num_heads, s.num_kv_heads, len)), 0.0f);
       dc::attention(dc::Context<dc::cpu>{}, out.data(), q.data(), kc.data(), vc.data(),
                     key_pos.data(), len, query_pos.data(), n, s, dc::AttentionStats{stats.data(), 1});
       out.insert(out.end(), stats.begin(), stats.end());

@@ -20,10 +20,11 @@ struct ReferenceRun {
   std::vector<std::vector<std::vector<double>>> key_norm;    // after RoPE
 };
 
-// visible(q, k): may query position q attend to key position k (k <= q is also required).
+// visible(layer, kv_head, q, k): may query position q attend to key position k through that KV
+// head of that layer (k <= q is also required): per-head keep-sets give each head its own rule.
 inline ReferenceRun reference_forward(const dc::ModelConfig& c, const dc::HostWeights& w,
                                       const std::vector<int>& tokens,
-                                      const std::function<bool(int, int)>& visible) {
+                                      const std::function<bool(int, int, int, int)>& visible) {
   const int n = int(tokens.size()), d = c.hidden_size, hd = c.head_dim, H = c.num_heads,
             KV = c.num_kv_heads, ff = c.intermediate_size, V = c.vocab_size;
   auto matvec = [](const dc::Tensor<float, dc::cpu>& m, const std::vector<double>& x) {
@@ -92,7 +93,7 @@ inline ReferenceRun reference_forward(const dc::ModelConfig& c, const dc::HostWe
         std::vector<double> s(std::size_t(n), -INFINITY);
         double m = -INFINITY;
         for (int j = 0; j <= t; ++j) {
-          if (!visible(t, j)) continue;
+          if (!visible(l, g, t, j)) continue;
           if (c.sliding_window > 0 && t - j >= c.sliding_window) continue;
           double dot = 0;
           for (int i = 0; i < hd; ++i) dot += q[std::size_t(t)][std::size_t(h * hd + i)] * k[std::size_t(j)][std::size_t(g * hd + i)];
@@ -122,6 +123,14 @@ inline ReferenceRun reference_forward(const dc::ModelConfig& c, const dc::HostWe
   for (int t = 0; t < n; ++t) run.logits.push_back(matvec(out, rmsnorm(x[std::size_t(t)], w.final_norm)));
   (void)V;
   return run;
+}
+
+// The same rule for every layer and head: visible(q, k).
+inline ReferenceRun reference_forward(const dc::ModelConfig& c, const dc::HostWeights& w,
+                                      const std::vector<int>& tokens,
+                                      const std::function<bool(int, int)>& visible) {
+  return reference_forward(c, w, tokens,
+                           [&](int, int, int q, int k) { return visible(q, k); });
 }
 
 }  // namespace dc_test

@@ -1,11 +1,30 @@
 #pragma once
-// TokenFeatures: what an eviction policy sees — one row per cached slot, gathered from the
-// cache's per-layer statistics (the formulas are in math/features.hpp).
+// TokenFeatures: what an eviction policy sees — one *row* per candidate for eviction, each in a
+// *group* whose keep-set is the top-B of its rows.
 //
-// Features of a shared keep-set average over all layers; for per-layer keep-sets, gather one
-// layer at a time (gather_layer_features).
+// Granularity decides what a row is:
+//   shared  one row per slot; one group: a single keep-set for every layer and KV head
+//   layer   one row per (layer, slot); one group per layer (its KV heads share the set)
+//   head    one row per (layer, KV head, slot); one group per (layer, KV head)
+// A group's rows are contiguous and in slot order, which is position order (compaction keeps
+// the order, appends come last), so a policy may look at a row's neighbours (SnapKV's pooling).
+//
+// The five DistillCache features of a row (math/features.hpp has the formulas) are sums of the
+// per-(KV head, slot) statistics over the layers and KV heads the row's group covers:
+//   alpha          attention mass received per (query head x observed query) of the group
+//   value_norm     ||v||_2, mean over the covered layers and KV heads
+//   head_variance  variance across the covered query heads of their mean mass received
+//   entropy        attention-weighted entropy of the queries attending to the token
+//   position       position / latest position
+// At head granularity these are kvpress's per-(layer, KV head) quantities: the mass is the
+// mean over the KV group's query heads, as its presses average attention over a group.
+#include <algorithm>
+#include <array>
+#include <cmath>
 #include <cstdint>
 #include <span>
+#include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -16,128 +35,214 @@
 
 namespace dc {
 
-struct TokenFeatures {
-  static constexpr int kNumFeatures = 5;  // alpha, vnorm, sigma, H, pos
+enum class Granularity { shared, layer, head };
 
-  int size = 0;             // cached slots
-  int latest_position = 0;  // position of the newest token
-  std::vector<std::int32_t> position;
-  // The five DistillCache features.
-  std::vector<float> alpha;              // mean attention mass received
-  std::vector<float> value_norm;         // mean ||v||_2
-  std::vector<float> head_variance;      // variance across heads of the mass received
-  std::vector<float> entropy;            // attention-weighted entropy of attending queries
-  std::vector<float> relative_position;  // position / latest position
-  // Raw statistics the baselines use.
-  std::vector<float> accumulated_mass;  // sum over layers, heads, observed queries (H2O)
-  std::vector<float> last_query_mass;   // mean over layers of the newest query's mass (TOVA)
-  std::vector<float> key_norm;          // mean ||k||_2 (KNorm)
-
-  // Throws dc::Error naming the first problem: a column whose length is not `size`, or a
-  // non-finite value (which would make any policy's keep-set arbitrary). The decoder checks
-  // every gathered set before a policy sees it; call it on features built by hand.
-  void validate() const {
-    DC_CHECK(size >= 0, "features: negative size ", size);
-    DC_CHECK(position.size() == std::size_t(size), "features: 'position' has ", position.size(),
-             " entries for ", size, " slots");
-    const std::pair<const char*, const std::vector<float>*> columns[] = {
-        {"alpha", &alpha},
-        {"value_norm", &value_norm},
-        {"head_variance", &head_variance},
-        {"entropy", &entropy},
-        {"relative_position", &relative_position},
-        {"accumulated_mass", &accumulated_mass},
-        {"last_query_mass", &last_query_mass},
-        {"key_norm", &key_norm}};
-    for (const auto& [name, column] : columns) {
-      DC_CHECK(column->size() == std::size_t(size), "features: '", name, "' has ", column->size(),
-               " entries for ", size, " slots");
-      check_all_finite(*column, detail::concat("features: '", name, "'"));
-    }
+inline const char* granularity_name(Granularity g) {
+  switch (g) {
+    case Granularity::shared: return "shared";
+    case Granularity::layer: return "layer";
+    case Granularity::head: return "head";
   }
+  return "?";
+}
 
-  // Row-major [size, 5] matrix of the features, the learned policy's input.
-  std::vector<float> matrix() const {
-    std::vector<float> x(std::size_t(size) * kNumFeatures);
-    for (int i = 0; i < size; ++i) {
-      float* row = x.data() + std::size_t(i) * kNumFeatures;
-      row[0] = alpha[std::size_t(i)];
-      row[1] = value_norm[std::size_t(i)];
-      row[2] = head_variance[std::size_t(i)];
-      row[3] = entropy[std::size_t(i)];
-      row[4] = relative_position[std::size_t(i)];
-    }
-    return x;
+inline Granularity parse_granularity(std::string_view name) {
+  if (name == "shared") return Granularity::shared;
+  if (name == "layer") return Granularity::layer;
+  if (name == "head") return Granularity::head;
+  DC_FAIL("unknown granularity '", std::string(name), "' (known: shared, layer, head)");
+}
+
+// Column of a row in TokenFeatures::x: the learned policy's inputs, in this order.
+enum class Feature : int { alpha = 0, value_norm, head_variance, entropy, position };
+inline constexpr int kNumFeatures = 5;
+
+inline const char* feature_name(Feature f) {
+  constexpr std::array<const char*, kNumFeatures> names = {"alpha", "value_norm", "head_variance",
+                                                           "entropy", "position"};
+  return names[std::size_t(f)];
+}
+
+// The layers and KV heads a group covers, and its rows [row_begin, row_end).
+struct FeatureGroup {
+  int layer_begin = 0, layer_end = 0;
+  int head_begin = 0, head_end = 0;
+  int row_begin = 0, row_end = 0;
+  int rows() const { return row_end - row_begin; }
+  bool covers(int layer, int head) const {
+    return layer >= layer_begin && layer < layer_end && head >= head_begin && head < head_end;
   }
 };
 
-// Features over layers [first_layer, last_layer) of the cache; those layers must hold the same
-// slots (a shared keep-set), as they do unless compact_layer() was used.
-template <Backend B>
-TokenFeatures gather_features(const Context<B>& ctx, const KVCache<B>& cache, int first_layer,
-                              int last_layer) {
-  DC_CHECK(0 <= first_layer && first_layer < last_layer && last_layer <= cache.num_layers(),
-           "gather_features: layer range [", first_layer, ", ", last_layer, ") invalid");
-  const int n = cache.length(first_layer), heads = cache.num_heads(), cap = cache.capacity();
-  const int layers = last_layer - first_layer;
-  for (int l = first_layer; l < last_layer; ++l)
-    DC_CHECK(cache.host_positions(l) == cache.host_positions(first_layer),
-             "gather_features: layers ", first_layer, " and ", l,
-             " hold different slots (per-layer keep-sets): gather one layer at a time");
-  TokenFeatures f;
-  f.size = n;
-  f.latest_position = cache.next_position() - 1;
-  f.position = cache.host_positions(first_layer);
-  for (auto* v : {&f.alpha, &f.value_norm, &f.head_variance, &f.entropy, &f.relative_position,
-                  &f.accumulated_mass, &f.last_query_mass, &f.key_norm})
-    v->assign(std::size_t(n), 0.0f);
-  if (n == 0) return f;
+struct TokenFeatures {
+  Granularity granularity = Granularity::shared;
+  int size = 0;             // rows
+  int latest_position = 0;  // position of the newest token
+  std::vector<FeatureGroup> groups;
+  // Per row.
+  std::vector<std::int32_t> group;     // index into groups
+  std::vector<std::int32_t> slot;      // cache slot within the group's heads
+  std::vector<std::int32_t> position;  // original token position
+  std::vector<float> x;                // [size, kNumFeatures], columns in Feature order
+  // Raw statistics the baselines use.
+  std::vector<float> accumulated_mass;  // sum over covered layers, heads and observed queries (H2O)
+  std::vector<float> last_query_mass;   // newest observed query's mass, mean over covered heads/layers (TOVA)
+  std::vector<float> key_norm;          // ||k||_2, mean over covered layers and KV heads (KNorm)
 
-  const int rows = stat_rows(heads);
-  std::vector<float> block(std::size_t(rows) * n);
-  std::vector<float> mass(std::size_t(n), 0.0f), entropy_mass(std::size_t(n), 0.0f),
-      queries(std::size_t(n), 0.0f), head_mass(std::size_t(heads) * n, 0.0f);
-  for (int l = first_layer; l < last_layer; ++l) {
-    for (int r = 0; r < rows; ++r)
-      copy_to_host(ctx, block.data() + std::size_t(r) * n, cache.stats(l) + std::int64_t(r) * cap,
-                   std::size_t(n));
-    auto row = [&](int r) { return block.data() + std::size_t(r) * n; };
-    for (int i = 0; i < n; ++i) {
-      mass[std::size_t(i)] += row(kStatMass)[i];
-      entropy_mass[std::size_t(i)] += row(kStatEntropyMass)[i];
-      queries[std::size_t(i)] += row(kStatQueries)[i];
-      f.value_norm[std::size_t(i)] += row(kStatValueNorm)[i] / float(layers);
-      f.key_norm[std::size_t(i)] += row(kStatKeyNorm)[i] / float(layers);
-      f.last_query_mass[std::size_t(i)] += row(kStatLastMass)[i] / float(layers);
-      for (int h = 0; h < heads; ++h) head_mass[std::size_t(h) * n + i] += row(kStatHeadMass + h)[i];
-    }
+  int num_groups() const { return int(groups.size()); }
+  float feature(int row, Feature f) const {
+    return x[std::size_t(row) * kNumFeatures + std::size_t(f)];
   }
-  for (int i = 0; i < n; ++i) {
-    const std::size_t s = std::size_t(i);
-    f.accumulated_mass[s] = mass[s];
-    f.alpha[s] = math::feature_alpha(mass[s], queries[s], heads);
-    f.entropy[s] = math::feature_entropy(entropy_mass[s], mass[s]);
-    f.relative_position[s] = math::feature_position(f.position[s], f.latest_position);
-    // Per-head mean mass per observed query, then its variance across heads.
-    float sum = 0.0f, sum_squares = 0.0f;
-    for (int h = 0; h < heads; ++h) {
-      const float m = math::feature_alpha(head_mass[std::size_t(h) * n + s], queries[s], 1);
-      sum += m;
-      sum_squares += m * m;
+  std::span<const float> row(int r) const {
+    return std::span<const float>(x).subspan(std::size_t(r) * kNumFeatures, kNumFeatures);
+  }
+
+  // Throws dc::Error naming the first problem: a column whose length is not `size`, groups that
+  // do not tile the rows, or a non-finite value (which would make any policy's keep-set
+  // arbitrary). The decoder checks every gathered set before a policy sees it; call it on
+  // features built by hand.
+  void validate() const {
+    DC_CHECK(size >= 0, "features: negative size ", size);
+    const std::pair<const char*, std::size_t> columns[] = {
+        {"group", group.size()},
+        {"slot", slot.size()},
+        {"position", position.size()},
+        {"accumulated_mass", accumulated_mass.size()},
+        {"last_query_mass", last_query_mass.size()},
+        {"key_norm", key_norm.size()}};
+    for (const auto& [name, n] : columns)
+      DC_CHECK(n == std::size_t(size), "features: '", name, "' has ", n, " entries for ", size,
+               " rows");
+    DC_CHECK(x.size() == std::size_t(size) * kNumFeatures, "features: the matrix has ", x.size(),
+             " entries for ", size, " rows of ", kNumFeatures);
+    int next = 0;
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      DC_CHECK(groups[g].row_begin == next && groups[g].row_end >= next,
+               "features: group ", g, " covers rows [", groups[g].row_begin, ", ",
+               groups[g].row_end, "), expected to start at ", next);
+      for (int r = groups[g].row_begin; r < groups[g].row_end; ++r)
+        DC_CHECK(group[std::size_t(r)] == int(g), "features: row ", r, " has group ",
+                 group[std::size_t(r)], ", lies in group ", g);
+      next = groups[g].row_end;
     }
-    f.head_variance[s] = math::variance_from_sums(sum, sum_squares, heads);
+    DC_CHECK(next == size, "features: groups cover ", next, " of ", size, " rows");
+    for (int f = 0; f < kNumFeatures; ++f)
+      for (int r = 0; r < size; ++r)
+        if (!std::isfinite(feature(r, Feature(f))))
+          DC_FAIL("features: '", feature_name(Feature(f)), "' of row ", r, " is ",
+                  describe_non_finite(feature(r, Feature(f))));
+    check_all_finite(accumulated_mass, "features: 'accumulated_mass'");
+    check_all_finite(last_query_mass, "features: 'last_query_mass'");
+    check_all_finite(key_norm, "features: 'key_norm'");
+  }
+};
+
+namespace detail {
+
+// Appends the rows of one group covering layers [l0, l1) and KV heads [h0, h1), which must all
+// hold the same slots; stats[l] is layer l's block copied to the host as [kv_heads, rows, n]
+// (n = the layer's length: the valid slots only).
+inline void append_group_rows(TokenFeatures& f, const std::vector<std::vector<float>>& stats,
+                              const std::vector<std::int32_t>& positions, int l0, int l1, int h0,
+                              int h1, int group_size) {
+  const int n = int(positions.size()), rows_per_head = stat_rows_per_kv_head(group_size);
+  const std::int64_t stride = n;
+  const int g = f.num_groups();
+  f.groups.push_back({l0, l1, h0, h1, f.size, f.size + n});
+  const float covered = float((l1 - l0) * (h1 - h0));
+  const int query_heads = (h1 - h0) * group_size;
+  std::vector<float> head_mass(static_cast<std::size_t>(query_heads));
+  for (int i = 0; i < n; ++i) {
+    float mass = 0.0f, entropy_mass = 0.0f, queries = 0.0f, value_norm = 0.0f, key_norm = 0.0f,
+          last = 0.0f;
+    std::fill(head_mass.begin(), head_mass.end(), 0.0f);
+    for (int l = l0; l < l1; ++l) {
+      for (int h = h0; h < h1; ++h) {
+        const float* block = stats[std::size_t(l)].data() + std::int64_t(h) * rows_per_head * stride;
+        auto at = [&](int r) { return block[std::int64_t(r) * stride + i]; };
+        mass += at(kStatMass);
+        entropy_mass += at(kStatEntropyMass);
+        value_norm += at(kStatValueNorm);
+        key_norm += at(kStatKeyNorm);
+        last += at(kStatLastMass);
+        for (int q = 0; q < group_size; ++q)
+          head_mass[std::size_t((h - h0) * group_size + q)] += at(kStatHeadMass + q);
+      }
+      // Every KV head of a layer sees the same queries for the same slot: count them once.
+      queries += stats[std::size_t(l)][std::size_t((std::int64_t(h0) * rows_per_head + kStatQueries) * stride + i)];
+    }
+    const int position = positions[std::size_t(i)];
+    float sum = 0.0f, sum_squares = 0.0f;  // mean mass per observed query, per query head
+    for (float m : head_mass) {
+      const float per_query = math::feature_alpha(m, queries, 1);
+      sum += per_query;
+      sum_squares += per_query * per_query;
+    }
+    const float row[kNumFeatures] = {
+        math::feature_alpha(mass, queries, query_heads), value_norm / covered,
+        math::variance_from_sums(sum, sum_squares, query_heads),
+        math::feature_entropy(entropy_mass, mass),
+        math::feature_position(position, f.latest_position)};
+    f.x.insert(f.x.end(), row, row + kNumFeatures);
+    f.group.push_back(g);
+    f.slot.push_back(i);
+    f.position.push_back(position);
+    f.accumulated_mass.push_back(mass);
+    f.last_query_mass.push_back(last / float(l1 - l0) / float(query_heads));
+    f.key_norm.push_back(key_norm / covered);
+  }
+  f.size += n;
+}
+
+}  // namespace detail
+
+// Features of every row of the cache at the given granularity. Coarser granularities need the
+// slots they merge to be the same: shared needs every layer and head to hold the same
+// positions, layer needs the heads of each layer to (they do unless finer keep-sets were used).
+template <Backend B>
+TokenFeatures gather_features(const Context<B>& ctx, const KVCache<B>& cache,
+                              Granularity granularity = Granularity::shared) {
+  const int layers = cache.num_layers(), kv_heads = cache.num_kv_heads(), cap = cache.capacity();
+  const int group_size = cache.num_heads() / kv_heads;
+  if (granularity != Granularity::head)
+    for (int l = 0; l < layers; ++l)
+      DC_CHECK(cache.heads_share_slots(l), "gather_features: the kv heads of layer ", l,
+               " hold different slots (per-head keep-sets): gather at head granularity");
+  if (granularity == Granularity::shared)
+    for (int l = 1; l < layers; ++l)
+      DC_CHECK(cache.host_positions(l) == cache.host_positions(0), "gather_features: layers 0 and ",
+               l, " hold different slots (per-layer keep-sets): gather at layer or head granularity");
+
+  TokenFeatures f;
+  f.granularity = granularity;
+  f.latest_position = cache.next_position() - 1;
+  // Host copies of each layer's statistics, the valid slots of every row: [kv_heads, rows, n].
+  const std::size_t block = std::size_t(kv_heads) * cache.stat_rows();
+  std::vector<std::vector<float>> stats(static_cast<std::size_t>(layers));
+  for (int l = 0; l < layers; ++l) {
+    const std::size_t n = std::size_t(cache.length(l));
+    stats[std::size_t(l)].resize(block * n);
+    for (std::size_t r = 0; r < block; ++r)
+      copy_to_host(ctx, stats[std::size_t(l)].data() + r * n, cache.stats(l) + std::int64_t(r) * cap, n);
+  }
+  switch (granularity) {
+    case Granularity::shared:
+      detail::append_group_rows(f, stats, cache.host_positions(0), 0, layers, 0, kv_heads,
+                                group_size);
+      break;
+    case Granularity::layer:
+      for (int l = 0; l < layers; ++l)
+        detail::append_group_rows(f, stats, cache.host_positions(l), l, l + 1, 0, kv_heads,
+                                  group_size);
+      break;
+    case Granularity::head:
+      for (int l = 0; l < layers; ++l)
+        for (int h = 0; h < kv_heads; ++h)
+          detail::append_group_rows(f, stats, cache.host_positions(l, h), l, l + 1, h, h + 1,
+                                    group_size);
+      break;
   }
   return f;
-}
-
-template <Backend B>
-TokenFeatures gather_features(const Context<B>& ctx, const KVCache<B>& cache) {
-  return gather_features(ctx, cache, 0, cache.num_layers());
-}
-
-template <Backend B>
-TokenFeatures gather_layer_features(const Context<B>& ctx, const KVCache<B>& cache, int layer) {
-  return gather_features(ctx, cache, layer, layer + 1);
 }
 
 }  // namespace dc

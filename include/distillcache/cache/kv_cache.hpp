@@ -1,18 +1,22 @@
 #pragma once
 // KVCache: per-layer key/value storage that really shrinks, with the original position and the
-// attention statistics of every slot.
+// attention statistics of every slot of every KV head.
 //
 // Layout per layer l (all backend-resident, allocated once, never reallocated):
 //   keys(l), values(l)  [kv_heads, capacity, head_dim]   slot s of head h is one contiguous row
-//   positions(l)        [capacity]                       original token position of each slot
-//   stats(l)            [stat_rows(num_heads), capacity] accumulators (math/features.hpp)
+//   positions(l)        [kv_heads, capacity]             original token position of each slot
+//   stats(l)            [kv_heads, stat_rows_per_kv_head(group), capacity]  accumulators
+//                                                        (math/features.hpp)
 // Keys are stored after RoPE, so a slot's key stays valid wherever the slot moves: eviction
-// compacts slots in place and keeps positions and statistics in step, and attention masks by
-// positions, not by slot index. next_position() is the position the next appended token gets;
-// it keeps counting after eviction, so positions never repeat.
+// compacts slots in place and keeps positions and statistics in step, and attention masks each
+// head by its own positions, not by slot index. next_position() is the position the next
+// appended token gets; it keeps counting after eviction, so positions never repeat.
 //
-// Keep-sets: compact() applies one ordered keep-set to every layer (the default); compact_layer()
-// gives each layer its own, so layers may hold different lengths (length(l)).
+// Keep-sets: compact_heads() gives every KV head of a layer its own ordered keep-set, all of the
+// same length (a uniform per-head budget: every head of a layer holds length(l) slots, so bytes
+// shrink exactly). compact_layer() (one set for the heads of a layer) and compact() (one set for
+// every layer and head) are that same path with the set repeated. Layers may hold different
+// lengths (length(l)).
 //
 // Statistics are accumulated only for observed queries: set_observed_from(p) makes queries at
 // positions >= p accumulate (e.g. the last W prompt tokens); disable_statistics() stops it.
@@ -23,41 +27,64 @@
 
 #include "../core/copy.hpp"
 #include "../core/tensor.hpp"
+#include "../cpu/kv.hpp"
 #include "../math/features.hpp"
-#include "../model/config.hpp"
 
 namespace dc {
+
+// The shape a cache needs from a model (model/transformer.hpp makes it from a ModelConfig).
+struct CacheShape {
+  int num_layers = 0;
+  int num_heads = 0;     // query heads (statistics keep one row per query head)
+  int num_kv_heads = 0;  // key/value heads
+  int head_dim = 0;
+  int max_position = 0;  // the model's longest context; 0 = unbounded
+
+  void validate() const {
+    DC_CHECK(num_layers > 0 && num_heads > 0 && num_kv_heads > 0 && head_dim > 0,
+             "KV cache shape: layers ", num_layers, ", heads ", num_heads, ", kv heads ",
+             num_kv_heads, ", head_dim ", head_dim, " must all be positive");
+    DC_CHECK(num_heads % num_kv_heads == 0, "KV cache shape: ", num_heads,
+             " query heads are not a multiple of ", num_kv_heads, " kv heads");
+  }
+  bool operator==(const CacheShape&) const = default;
+};
 
 template <Backend B>
 class KVCache {
  public:
   KVCache() = default;
-  KVCache(const ModelConfig& cfg, int capacity)
-      : layers_(cfg.num_layers), heads_(cfg.num_heads), kv_heads_(cfg.num_kv_heads),
-        head_dim_(cfg.head_dim), capacity_(capacity) {
+  KVCache(const CacheShape& shape, int capacity)
+      : layers_(shape.num_layers), heads_(shape.num_heads), kv_heads_(shape.num_kv_heads),
+        head_dim_(shape.head_dim), max_position_(shape.max_position), capacity_(capacity) {
+    shape.validate();
     DC_CHECK(capacity > 0, "KV cache capacity must be positive, got ", capacity);
-    DC_CHECK(cfg.max_position == 0 || capacity <= cfg.max_position, "KV cache capacity ", capacity,
-             " exceeds the model's max_position ", cfg.max_position);
+    DC_CHECK(shape.max_position == 0 || capacity <= shape.max_position, "KV cache capacity ",
+             capacity, " exceeds the model's max_position ", shape.max_position);
     const Shape kv{kv_heads_, capacity_, head_dim_};
     for (int l = 0; l < layers_; ++l) {
       keys_.emplace_back(kv);
       values_.emplace_back(kv);
-      stats_.emplace_back(Shape{stat_rows(heads_), capacity_});
+      stats_.emplace_back(Shape{kv_heads_, stat_rows(), capacity_});
       stats_.back().buffer().fill_zero();
     }
-    positions_ = Tensor<std::int32_t, B>(Shape{layers_, capacity_});
-    host_positions_.assign(static_cast<std::size_t>(layers_), {});
+    positions_ = Tensor<std::int32_t, B>(Shape{layers_, kv_heads_, capacity_});
+    host_positions_.assign(std::size_t(layers_) * kv_heads_, {});
     for (auto& p : host_positions_) p.reserve(static_cast<std::size_t>(capacity_));
     last_append_.assign(static_cast<std::size_t>(layers_), 0);
   }
 
+  CacheShape shape() const { return {layers_, heads_, kv_heads_, head_dim_, max_position_}; }
   int num_layers() const { return layers_; }
   int num_heads() const { return heads_; }
   int num_kv_heads() const { return kv_heads_; }
   int head_dim() const { return head_dim_; }
   int capacity() const { return capacity_; }
-  // Slots held by layer l; length() is the longest layer (all equal with shared keep-sets).
-  int length(int layer) const { return int(host_positions_[index(layer)].size()); }
+  // Statistics rows per KV head (math/features.hpp).
+  int stat_rows() const { return stat_rows_per_kv_head(heads_ / kv_heads_); }
+  // Slots held by each KV head of layer l; length() is the longest layer (all equal unless
+  // layers were given keep-sets of different sizes).
+  int length(int layer) const { return int(host_positions_[flat(layer, 0)].size()); }
   int length() const {
     int m = 0;
     for (int l = 0; l < layers_; ++l) m = std::max(m, length(l));
@@ -68,22 +95,30 @@ class KVCache {
   // Where the cache lives (kHostDevice on the CPU backend).
   int device() const { return positions_.device(); }
 
-  float* keys(int layer) { return keys_[index(layer)].data(); }
-  float* values(int layer) { return values_[index(layer)].data(); }
-  const float* keys(int layer) const { return keys_[index(layer)].data(); }
-  const float* values(int layer) const { return values_[index(layer)].data(); }
-  float* stats(int layer) { return stats_[index(layer)].data(); }
-  const float* stats(int layer) const { return stats_[index(layer)].data(); }
-  // Backend-resident positions of layer l's slots [0, length(l)).
-  const std::int32_t* positions(int layer = 0) const {
-    return positions_.data() + std::int64_t(index(layer)) * capacity_;
+  float* keys(int layer) { return keys_[index(layer, 0)].data(); }
+  float* values(int layer) { return values_[index(layer, 0)].data(); }
+  const float* keys(int layer) const { return keys_[index(layer, 0)].data(); }
+  const float* values(int layer) const { return values_[index(layer, 0)].data(); }
+  // The layer's whole statistics block; KV head h's rows start at h * stat_rows() * capacity().
+  float* stats(int layer) { return stats_[index(layer, 0)].data(); }
+  const float* stats(int layer) const { return stats_[index(layer, 0)].data(); }
+  // Backend-resident positions of layer l: [kv_heads, capacity], head h's slots at
+  // positions(l) + h * capacity(), valid in [0, length(l)).
+  const std::int32_t* positions(int layer) const {
+    return positions_.data() + std::int64_t(index(layer, 0)) * kv_heads_ * capacity_;
   }
-  // Host mirror of the same positions.
-  const std::vector<std::int32_t>& host_positions(int layer = 0) const {
-    return host_positions_[index(layer)];
+  // Host mirror of KV head h's positions in layer l.
+  const std::vector<std::int32_t>& host_positions(int layer, int head = 0) const {
+    return host_positions_[flat(layer, head)];
   }
-  // First slot of the tokens added by the latest append(), per layer.
-  int appended_at(int layer) const { return last_append_[index(layer)]; }
+  // True when every KV head of layer l holds the same positions (a shared or per-layer set).
+  bool heads_share_slots(int layer) const {
+    for (int h = 1; h < kv_heads_; ++h)
+      if (host_positions(layer, h) != host_positions(layer, 0)) return false;
+    return true;
+  }
+  // First slot of the tokens added by the latest append(), per layer (the same in every head).
+  int appended_at(int layer) const { return last_append_[index(layer, 0)]; }
 
   // Statistics are accumulated for queries at positions >= observed_from().
   void set_observed_from(int position) { observed_from_ = position; }
@@ -91,79 +126,100 @@ class KVCache {
   int observed_from() const { return observed_from_; }
   bool observing(int position) const { return observed_from_ != kNever && position >= observed_from_; }
 
-  // Claims n slots at the end of every layer for tokens at positions next_position()..; the
-  // caller (the transformer) writes their K/V and statistics.
+  // Claims n slots at the end of every KV head of every layer for tokens at positions
+  // next_position()..; the caller (the transformer) writes their K/V and statistics.
   void append(const Context<B>& ctx, int n) {
     DC_CHECK(n > 0, "KV cache append of ", n, " tokens");
     DC_CHECK(length() + n <= capacity_, "KV cache full: ", length(), " + ", n,
              " tokens exceed capacity ", capacity_);
     for (int l = 0; l < layers_; ++l) {
-      auto& pos = host_positions_[std::size_t(l)];
-      const int first = int(pos.size());
-      last_append_[std::size_t(l)] = first;
-      for (int i = 0; i < n; ++i) pos.push_back(next_position_ + i);
-      copy_to_backend(ctx, positions_.data() + std::int64_t(l) * capacity_ + first,
-                      pos.data() + first, std::size_t(n));
+      last_append_[std::size_t(l)] = length(l);
+      for (int h = 0; h < kv_heads_; ++h) {
+        auto& pos = host_positions_[flat(l, h)];
+        const int first = int(pos.size());
+        for (int i = 0; i < n; ++i) pos.push_back(next_position_ + i);
+        copy_to_backend(ctx, device_positions(l, h) + first, pos.data() + first, std::size_t(n));
+      }
     }
     next_position_ += n;
   }
 
-  // Keeps exactly the given slots (strictly ascending, each < length) in every layer, moved to
-  // the front in that order; everything else is dropped. No reallocation.
+  // Keeps exactly the given slots (strictly ascending, each < length) in every layer and head,
+  // moved to the front in that order; everything else is dropped. No reallocation.
   void compact(const Context<B>& ctx, std::span<const std::int32_t> keep) {
     for (int l = 0; l < layers_; ++l) compact_layer(ctx, l, keep);
   }
 
-  // The same for one layer (per-layer keep-sets).
+  // The same for one layer: one keep-set for all its KV heads.
   void compact_layer(const Context<B>& ctx, int layer, std::span<const std::int32_t> keep) {
-    DC_CHECK(layer >= 0 && layer < layers_, "compact: layer ", layer, " outside [0, ", layers_, ")");
-    auto& pos = host_positions_[std::size_t(layer)];
-    const int len = int(pos.size());
-    for (std::size_t i = 0; i < keep.size(); ++i) {
-      DC_CHECK(keep[i] >= 0 && keep[i] < len, "compact: slot ", keep[i], " outside [0, ", len, ")");
-      DC_CHECK(i == 0 || keep[i] > keep[i - 1], "compact: keep-set must be strictly ascending");
-    }
-    if (int(keep.size()) == len) return;  // strictly ascending and complete: identity
-    kv_compact(ctx, keys(layer), values(layer), stats(layer), kv_heads_, head_dim_,
-               stat_rows(heads_), capacity_, keep);
-    for (std::size_t i = 0; i < keep.size(); ++i) pos[i] = pos[std::size_t(keep[i])];
-    pos.resize(keep.size());
-    if (!keep.empty())
-      copy_to_backend(ctx, positions_.data() + std::int64_t(layer) * capacity_, pos.data(),
-                      keep.size());
+    index(layer, 0);
+    repeated_.resize(keep.size() * std::size_t(kv_heads_));
+    for (int h = 0; h < kv_heads_; ++h)
+      std::copy(keep.begin(), keep.end(), repeated_.begin() + std::ptrdiff_t(h * keep.size()));
+    compact_heads(ctx, layer, repeated_);
   }
 
-  // Makes this cache a copy of other (same model shape, capacity at least other's length):
-  // slots, positions, statistics, next position and observation setting. Used to prefill a
-  // prompt once and evict it several ways.
+  // Per-head keep-sets for layer l: keep is [kv_heads, count], head h keeps the slots
+  // keep[h * count .. (h + 1) * count) (strictly ascending, each < length(l)), moved to the front
+  // in that order. Every head keeps the same number of slots.
+  void compact_heads(const Context<B>& ctx, int layer, std::span<const std::int32_t> keep) {
+    index(layer, 0);
+    DC_CHECK(keep.size() % std::size_t(kv_heads_) == 0, "compact: ", keep.size(),
+             " keep entries are not ", kv_heads_, " equal per-head keep-sets");
+    const int count = int(keep.size() / std::size_t(kv_heads_));
+    const int len = length(layer);
+    bool identity = count == len;
+    for (int h = 0; h < kv_heads_; ++h)
+      for (int i = 0; i < count; ++i) {
+        const std::int32_t slot = keep[std::size_t(h) * count + i];
+        DC_CHECK(slot >= 0 && slot < len, "compact: slot ", slot, " of kv head ", h, " outside [0, ",
+                 len, ")");
+        DC_CHECK(i == 0 || slot > keep[std::size_t(h) * count + i - 1],
+                 "compact: keep-set of kv head ", h, " must be strictly ascending");
+      }
+    if (identity) return;  // strictly ascending and complete: nothing moves
+    kv_compact(ctx, keys(layer), values(layer), stats(layer), kv_heads_, head_dim_, stat_rows(),
+               capacity_, keep, count);
+    for (int h = 0; h < kv_heads_; ++h) {
+      auto& pos = host_positions_[flat(layer, h)];
+      for (int i = 0; i < count; ++i) pos[std::size_t(i)] = pos[std::size_t(keep[std::size_t(h) * count + i])];
+      pos.resize(std::size_t(count));
+      if (count) copy_to_backend(ctx, device_positions(layer, h), pos.data(), std::size_t(count));
+    }
+  }
+
+  // Makes this cache a copy of other (same shape, capacity at least other's length): slots,
+  // positions, statistics, next position and observation setting. Used to prefill a prompt
+  // once and evict it several ways.
   void copy_from(const Context<B>& ctx, const KVCache& other) {
     DC_CHECK(layers_ == other.layers_ && heads_ == other.heads_ && kv_heads_ == other.kv_heads_ &&
                  head_dim_ == other.head_dim_,
              "KV cache copy between caches of different model shapes");
     DC_CHECK(other.length() <= capacity_, "KV cache copy: ", other.length(),
              " slots exceed capacity ", capacity_);
+    const int rows = stat_rows();
     for (int l = 0; l < layers_; ++l) {
-      const int len = other.length(l);
+      const std::size_t len = std::size_t(other.length(l));
       for (int h = 0; h < kv_heads_; ++h) {
         const std::int64_t dst = std::int64_t(h) * capacity_ * head_dim_;
         const std::int64_t src = std::int64_t(h) * other.capacity_ * head_dim_;
-        copy_on_backend(ctx, keys(l) + dst, other.keys(l) + src, std::size_t(len) * head_dim_);
-        copy_on_backend(ctx, values(l) + dst, other.values(l) + src, std::size_t(len) * head_dim_);
+        copy_on_backend(ctx, keys(l) + dst, other.keys(l) + src, len * head_dim_);
+        copy_on_backend(ctx, values(l) + dst, other.values(l) + src, len * head_dim_);
+        for (int r = 0; r < rows; ++r)
+          copy_on_backend(ctx, stats(l) + (std::int64_t(h) * rows + r) * capacity_,
+                          other.stats(l) + (std::int64_t(h) * rows + r) * other.capacity_, len);
+        host_positions_[flat(l, h)] = other.host_positions_[other.flat(l, h)];
+        copy_on_backend(ctx, device_positions(l, h), other.positions(l) + std::int64_t(h) * other.capacity_,
+                        len);
       }
-      for (int r = 0; r < stat_rows(heads_); ++r)
-        copy_on_backend(ctx, stats(l) + std::int64_t(r) * capacity_,
-                        other.stats(l) + std::int64_t(r) * other.capacity_, std::size_t(len));
-      host_positions_[std::size_t(l)] = other.host_positions_[std::size_t(l)];
-      copy_on_backend(ctx, positions_.data() + std::int64_t(l) * capacity_, other.positions(l),
-                      std::size_t(len));
       last_append_[std::size_t(l)] = other.last_append_[std::size_t(l)];
     }
     next_position_ = other.next_position_;
     observed_from_ = other.observed_from_;
   }
 
-  // Drops slots [length, length(l)) of every layer, e.g. to rewind a benchmark step. The next
-  // token continues right after the last kept position.
+  // Drops slots [length, length(l)) of every layer and head, e.g. to rewind a benchmark step.
+  // The next token continues right after the last kept position.
   void truncate(int length) {
     DC_CHECK(length >= 0 && length <= this->length(), "KV cache truncate to ", length,
              " outside [0, ", this->length(), "]");
@@ -190,27 +246,37 @@ class KVCache {
   std::size_t bytes_reserved() const {
     return std::size_t(layers_) * std::size_t(capacity_) * bytes_per_slot_layer();
   }
+  // One slot of every KV head of one layer.
   std::size_t bytes_per_slot_layer() const {
-    return std::size_t(2) * kv_heads_ * head_dim_ * sizeof(float) + sizeof(std::int32_t) +
-           std::size_t(stat_rows(heads_)) * sizeof(float);
+    return std::size_t(kv_heads_) * (std::size_t(2) * head_dim_ * sizeof(float) + sizeof(std::int32_t) +
+                                     std::size_t(stat_rows()) * sizeof(float));
   }
 
  private:
   static constexpr int kNever = 0x7fffffff;
 
-  std::size_t index(int layer) const {
+  std::size_t index(int layer, int head) const {
     DC_CHECK(layer >= 0 && layer < layers_, "KV cache: layer ", layer, " outside [0, ", layers_,
+             ")");
+    DC_CHECK(head >= 0 && head < kv_heads_, "KV cache: kv head ", head, " outside [0, ", kv_heads_,
              ")");
     return std::size_t(layer);
   }
+  std::size_t flat(int layer, int head) const {
+    return index(layer, head) * std::size_t(kv_heads_) + std::size_t(head);
+  }
+  std::int32_t* device_positions(int layer, int head) {
+    return positions_.data() + std::int64_t(flat(layer, head)) * capacity_;
+  }
 
-  int layers_ = 0, heads_ = 0, kv_heads_ = 0, head_dim_ = 0, capacity_ = 0;
+  int layers_ = 0, heads_ = 0, kv_heads_ = 0, head_dim_ = 0, max_position_ = 0, capacity_ = 0;
   int next_position_ = 0;
   int observed_from_ = kNever;
   std::vector<Tensor<float, B>> keys_, values_, stats_;
-  Tensor<std::int32_t, B> positions_;  // [layers, capacity]
-  std::vector<std::vector<std::int32_t>> host_positions_;
+  Tensor<std::int32_t, B> positions_;                      // [layers, kv_heads, capacity]
+  std::vector<std::vector<std::int32_t>> host_positions_;  // [layers * kv_heads]
   std::vector<int> last_append_;
+  std::vector<std::int32_t> repeated_;  // compact_layer's keep-set repeated per head
 };
 
 }  // namespace dc

@@ -3,6 +3,7 @@
 #include "attention.hpp"
 #include "elementwise.hpp"
 #include "gemm.hpp"
+#include "kv.hpp"
 #include "norm.hpp"
 #include "parallel.hpp"
 #include "rope.hpp"

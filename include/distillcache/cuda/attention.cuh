@@ -1,10 +1,13 @@
 #pragma once
-// CUDA KV-cache write and grouped-query attention (mirrors cpu/attention.hpp).
+// CUDA grouped-query attention (mirrors cpu/attention.hpp; the cache's writes and compaction
+// are in cuda/kv.cuh).
 //
-// Layout: K/V caches are [kv_heads, capacity, head_dim]; slots [0, len) are valid and slot j holds
-// the token at position key_pos[j]. Query t (at query_pos[t]) sees slot j iff
-// math::attends(query_pos[t], key_pos[j], window): masks follow positions, so one kernel serves
-// prefill, decode, sliding windows and compacted (evicted) caches, whose positions have gaps.
+// Layout: K/V caches are [kv_heads, capacity, head_dim], positions [kv_heads, capacity]; slots
+// [0, len) of every KV head are valid and slot j of head g holds the token at position
+// key_pos[g * capacity + j] (each KV head may hold its own keep-set). Query t (at query_pos[t])
+// sees that slot iff math::attends(query_pos[t], key_pos[g * capacity + j], window): masks follow
+// positions, so one kernel serves prefill, decode, sliding windows and compacted (evicted)
+// caches, whose positions have gaps.
 //
 // Algorithm (why this one): a single pass with an online softmax over key tiles, split along the
 // keys when there are too few blocks to fill the GPU (flash-decoding), then a small combine
@@ -30,10 +33,10 @@
 //     traffic of an observed decode step);
 //   - its final state (max m, 1/Z, entropy H = log Z - E_p[s - m]) goes to workspace row_state,
 //     from the main kernel (one split) or from the split combine;
-//   - attention_stats_kernel, one thread per slot j, turns the scores into the final
-//     p = e^(s_j - m) / Z and folds them into the slot's rows in the CPU's fixed order (observed
-//     query t, then head h), so the sums are deterministic and match cpu/attention.hpp to
-//     rounding. It reads only the score scratch, never K or V.
+//   - attention_stats_kernel, one thread per (KV head g, slot j), turns the scores into the final
+//     p = e^(s_j - m) / Z and folds them into that head's rows of the slot in the CPU's fixed
+//     order (observed query t, then the group's head h), so the sums are deterministic and match
+//     cpu/attention.hpp to rounding. It reads only the score scratch, never K or V.
 // Every kernel here is a template (instantiations are COMDAT), so the header links into several
 // translation units of one program; a plain __global__ function would be defined in each.
 // The score scratch is observed*heads*len floats (prefill chunk of 64 observed queries, 32 heads
@@ -90,7 +93,7 @@ struct AttentionParams {
   const float* q;                  // [n, heads*head_dim]
   const float* k_cache;            // [kv_heads, capacity, head_dim]
   const float* v_cache;            // [kv_heads, capacity, head_dim]
-  const std::int32_t* key_pos;     // [len]
+  const std::int32_t* key_pos;     // [kv_heads, capacity]
   const std::int32_t* query_pos;   // [n]
   float* part_o;                   // [splits, n*heads, head_dim] unnormalised partial outputs
   float2* part_ml;                 // [splits, n*heads] (running max, running sum)
@@ -180,6 +183,7 @@ __global__ void __launch_bounds__(ROWS * kWarpSize) attention_kernel(const Atten
   const std::int64_t head_offset = std::int64_t(kvh) * p.capacity * hd;
   const float* kh = p.k_cache + head_offset;
   const float* vh = p.v_cache + head_offset;
+  const std::int32_t* kp = p.key_pos + std::int64_t(kvh) * p.capacity;
   const int k_begin = split * p.keys_per_split;
   const int k_end = min(p.len, k_begin + p.keys_per_split);
 
@@ -190,7 +194,7 @@ __global__ void __launch_bounds__(ROWS * kWarpSize) attention_kernel(const Atten
 
   for (int tile = k_begin; tile < k_end; tile += kTile) {
     const int j = tile + lane;
-    const bool visible = active && j < k_end && math::attends(query_pos, p.key_pos[j], p.window);
+    const bool visible = active && j < k_end && math::attends(query_pos, kp[j], p.window);
     // Also the barrier that lets the previous tile's readers finish before it is overwritten.
     if (!__syncthreads_or(visible)) continue;
 
@@ -341,77 +345,30 @@ __global__ void attention_combine_kernel(float* DC_RESTRICT out, const float* DC
   }
 }
 
-template <class T>
-__global__ void kv_write_kernel(T* DC_RESTRICT k_cache, T* DC_RESTRICT v_cache,
-                                const T* DC_RESTRICT k, const T* DC_RESTRICT v,
-                                std::int64_t count, int first, int kv_heads, int head_dim,
-                                int capacity) {
-  const std::int64_t stride = std::int64_t(gridDim.x) * blockDim.x;
-  const std::int64_t begin = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  for (std::int64_t e = begin; e < count; e += stride) {
-    // e indexes the source [n, kv_heads, head_dim]: coalesced reads, per-head contiguous writes.
-    const int i = int(e % head_dim);
-    const std::int64_t th = e / head_dim;
-    const int h = int(th % kv_heads);
-    const std::int64_t t = th / kv_heads;
-    const std::int64_t dst = (std::int64_t(h) * capacity + first + t) * head_dim + i;
-    k_cache[dst] = k[e];
-    v_cache[dst] = v[e];
-  }
-}
-
-// Statistics of the new slots: one warp per token t (WARPS per block). Zeroes every row of slot
-// first + t and records the mean over KV heads of the L2 norms of its k and v rows. Reads the
-// chunk's k/v (not the cache), so it needs no ordering with kv_write_kernel.
-template <int WARPS>
-__global__ void __launch_bounds__(WARPS * kWarpSize)
-    kv_write_stats_kernel(float* DC_RESTRICT stats, const float* DC_RESTRICT k,
-                          const float* DC_RESTRICT v, int n, int first, int kv_heads, int head_dim,
-                          int capacity, int rows) {
-  const int t = blockIdx.x * WARPS + threadIdx.x / kWarpSize;
-  const int lane = threadIdx.x % kWarpSize;
-  if (t >= n) return;  // warp-uniform
-  float key_norm = 0.0f, value_norm = 0.0f;
-  for (int h = 0; h < kv_heads; ++h) {
-    const std::int64_t src = (std::int64_t(t) * kv_heads + h) * head_dim;
-    float kk = 0.0f, vv = 0.0f;
-    for (int i = lane; i < head_dim; i += kWarpSize) {
-      kk = fmaf(k[src + i], k[src + i], kk);
-      vv = fmaf(v[src + i], v[src + i], vv);
-    }
-    key_norm += sqrtf(warp_sum(kk));  // every lane holds the sums
-    value_norm += sqrtf(warp_sum(vv));
-  }
-  const std::int64_t slot = std::int64_t(first) + t;
-  for (int r = lane; r < rows; r += kWarpSize) {
-    const float value = r == kStatKeyNorm     ? key_norm / float(kv_heads)
-                        : r == kStatValueNorm ? value_norm / float(kv_heads)
-                                              : 0.0f;
-    stats[std::int64_t(r) * capacity + slot] = value;
-  }
-}
-
-// Folds the observed rows' probabilities into the statistics block: one thread per slot j, so
-// no two threads touch the same address, and inside a thread the order is the CPU's (observed
-// query r, then head h), which makes the sums deterministic. Reads scores [observed, heads, len]
-// (coalesced across j) and row_state [observed, heads] (a broadcast), never K or V. A key the
-// query does not see contributes p = 0, as on the CPU; adding 0 is skipped.
+// Folds the observed rows' probabilities into the statistics block: one thread per (KV head g,
+// slot j) (blockIdx.y = g), so no two threads touch the same address, and inside a thread the
+// order is the CPU's (observed query r, then the group's head h), which makes the sums
+// deterministic. Reads scores [observed, heads, len] (coalesced across j) and row_state
+// [observed, heads] (a broadcast), never K or V. A key the query does not see contributes p = 0,
+// as on the CPU; adding 0 is skipped.
 template <int THREADS>
 __global__ void __launch_bounds__(THREADS)
     attention_stats_kernel(float* DC_RESTRICT block, const float* DC_RESTRICT scores,
                                        const float4* DC_RESTRICT state,
                                        const std::int32_t* DC_RESTRICT key_pos,
                                        const std::int32_t* DC_RESTRICT obs_query_pos, int observed,
-                                       int num_heads, int len, int capacity, int window) {
+                                       int num_heads, int group, int len, int capacity, int window) {
   const int j = blockIdx.x * blockDim.x + threadIdx.x;
+  const int g = blockIdx.y;
   if (j >= len) return;
   const std::int64_t cap = capacity;
-  const int key = key_pos[j];
+  const int key = key_pos[std::int64_t(g) * cap + j];
+  float* head_block = block + std::int64_t(g) * stat_rows_per_kv_head(group) * cap;
   math::fold_slot_statistics(
-      block, cap, j, observed, num_heads,
+      head_block, cap, j, observed, group,
       [&](int r) { return math::attends(obs_query_pos[r], key, window); },
       [&](int r, int h, float& p, float& row_entropy) {
-        const std::int64_t row = std::int64_t(r) * num_heads + h;
+        const std::int64_t row = std::int64_t(r) * num_heads + std::int64_t(g) * group + h;
         const float4 st = state[row];
         p = expf(scores[row * len + j] - st.x) * st.y;
         row_entropy = st.z;
@@ -490,43 +447,21 @@ void launch_attention(const Context<cuda>& ctx, AttentionParams p, int kv_heads,
   }
   if (observed) {
     constexpr int kThreads = 128;
-    attention_stats_kernel<kThreads>
-        <<<unsigned(ceil_div(p.len, kThreads)), kThreads, 0, ctx.stream()>>>(
+    const dim3 stats_grid(unsigned(ceil_div(p.len, kThreads)), unsigned(kv_heads));
+    attention_stats_kernel<kThreads><<<stats_grid, kThreads, 0, ctx.stream()>>>(
         stats.block, p.obs_scores, p.obs_state, p.key_pos, p.query_pos + stats.first_observed,
-        observed, p.num_heads, p.len, p.capacity, p.window);
+        observed, p.num_heads, p.group, p.len, p.capacity, p.window);
     DC_CUDA_CHECK_LAUNCH("attention_stats_kernel");
   }
 }
 
 }  // namespace cuda_detail
 
-// Writes the chunk's k/v rows [n, kv_heads*head_dim] into cache slots [first, first + n) and,
-// with a statistics block (device, [stat_rows(num_heads), capacity]), resets the new slots'
-// accumulators and records their K/V norms, as the CPU overload.
-inline void kv_write(const Context<cuda>& ctx, float* k_cache, float* v_cache, const float* k,
-                     const float* v, int n, int first, const AttentionShape& s,
-                     float* stats = nullptr) {
-  if (n <= 0) return;
-  DC_CHECK(first >= 0 && first + n <= s.capacity, "kv_write of slots [", first, ", ", first + n,
-           ") outside capacity ", s.capacity);
-  const std::int64_t count = std::int64_t(n) * s.num_kv_heads * s.head_dim;
-  constexpr int kThreads = 256;
-  const unsigned grid = cuda_detail::grid_for(count, kThreads, 8 * ctx.sm_count());
-  cuda_detail::kv_write_kernel<float><<<grid, kThreads, 0, ctx.stream()>>>(
-      k_cache, v_cache, k, v, count, first, s.num_kv_heads, s.head_dim, s.capacity);
-  DC_CUDA_CHECK_LAUNCH("kv_write_kernel");
-  if (!stats) return;
-  constexpr int kWarps = 4;
-  cuda_detail::kv_write_stats_kernel<kWarps><<<unsigned(cuda_detail::ceil_div(n, kWarps)),
-                                               kWarps * cuda_detail::kWarpSize, 0, ctx.stream()>>>(
-      stats, k, v, n, first, s.num_kv_heads, s.head_dim, s.capacity, stat_rows(s.num_heads));
-  DC_CUDA_CHECK_LAUNCH("kv_write_stats_kernel");
-}
-
 // out[n, heads*head_dim] = softmax(q K^T * scale + mask) V, per query head; with stats.block
-// (device, [stat_rows(num_heads), capacity]) accumulates the statistics of the observed queries
-// t >= stats.first_observed, as the CPU overload. All pointers are device pointers; key_pos has
-// len entries, query_pos n.
+// (device, [kv_heads, stat_rows_per_kv_head(group), capacity]) accumulates the statistics of the
+// observed queries t >= stats.first_observed, as the CPU overload. All pointers are device
+// pointers; key_pos is [kv_heads, capacity] (head g's slots at key_pos + g * capacity), query_pos
+// has n entries.
 inline void attention(const Context<cuda>& ctx, float* out, const float* q, const float* k_cache,
                       const float* v_cache, const std::int32_t* key_pos, int len,
                       const std::int32_t* query_pos, int n, const AttentionShape& s,

@@ -21,6 +21,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include "../core/config.hpp"
 #include "../core/dtype.hpp"
 #include "check.cuh"
 #include "common.cuh"

@@ -7,6 +7,6 @@
 #include "copy.cuh"
 #include "elementwise.cuh"
 #include "gemm.cuh"
-#include "kv_compact.cuh"
+#include "kv.cuh"
 #include "norm.cuh"
 #include "rope.cuh"

@@ -13,7 +13,7 @@
 #include <span>
 #include <vector>
 
-#include "../cache/eviction.hpp"
+#include "../decode/evicting_decoder.hpp"
 #include "../policy/baselines.hpp"
 #include "metrics.hpp"
 
@@ -22,13 +22,17 @@ namespace dc {
 template <Backend B, class W>
 class FidelityEvaluator {
  public:
-  // policies and budgets span the grid; totals()[p * budgets.size() + b] accumulates pair (p, b).
+  // policies, granularities and budgets span the grid; total(p, g, b) accumulates that student
+  // (totals() is the same, [policy][granularity][budget] flattened).
   FidelityEvaluator(Transformer<B, W>& model, std::vector<EvictionPolicy*> policies,
-                    std::vector<Budget> budgets, EvictionMode mode)
+                    std::vector<Budget> budgets, EvictionMode mode,
+                    std::vector<Granularity> granularities = {Granularity::shared})
       : model_(model), policies_(std::move(policies)), budgets_(std::move(budgets)), mode_(mode),
-        totals_(policies_.size() * budgets_.size()) {
-    DC_CHECK(!policies_.empty() && !budgets_.empty(), "fidelity: ", policies_.size(),
-             " policies and ", budgets_.size(), " budgets; give at least one of each");
+        granularities_(std::move(granularities)),
+        totals_(policies_.size() * granularities_.size() * budgets_.size()) {
+    DC_CHECK(!policies_.empty() && !budgets_.empty() && !granularities_.empty(), "fidelity: ",
+             policies_.size(), " policies, ", granularities_.size(), " granularities and ",
+             budgets_.size(), " budgets; give at least one of each");
     for (std::size_t p = 0; p < policies_.size(); ++p)
       DC_CHECK(policies_[p] != nullptr, "fidelity: policy ", p, " is null");
   }
@@ -48,16 +52,17 @@ class FidelityEvaluator {
     std::vector<EvictionPolicy*> all = policies_;
     all.push_back(&full);
     for (EvictionPolicy* p : all) {
-      const int start = EvictingDecoder<B, W>::observation_start(*p, n);
+      const int start = p->observation_start(n);
       if (prefilled.count(start)) continue;
       auto cache = model_.make_cache(n);
       cache.set_observed_from(start);
       auto logits = model_.forward(prompt, cache);
       prefilled.emplace(start, std::make_pair(std::move(cache), std::move(logits)));
     }
-    auto run = [&](EvictionPolicy& policy, const Budget& budget, std::vector<float>& rows) {
-      EvictingDecoder<B, W> dec(model_, policy, budget, mode_, n, steps);
-      const auto& [cache, logits] = prefilled.at(EvictingDecoder<B, W>::observation_start(policy, n));
+    auto run = [&](EvictionPolicy& policy, const Budget& budget, Granularity granularity,
+                   std::vector<float>& rows) {
+      EvictingDecoder<B, W> dec(model_, policy, budget, mode_, n, steps, granularity);
+      const auto& [cache, logits] = prefilled.at(policy.observation_start(n));
       auto out = dec.adopt_prefill(cache, logits);
       rows.assign(out.begin(), out.end());
       for (int t = 1; t < steps; ++t) {
@@ -67,21 +72,31 @@ class FidelityEvaluator {
     };
 
     std::vector<float> teacher, student;
-    run(full, Budget::of_fraction(1.0), teacher);
+    run(full, Budget::of_fraction(1.0), Granularity::shared, teacher);
     for (std::size_t p = 0; p < policies_.size(); ++p)
-      for (std::size_t b = 0; b < budgets_.size(); ++b) {
-        progress(p * budgets_.size() + b);
-        run(*policies_[p], budgets_[b], student);
-        FidelityTotals& t = totals_[p * budgets_.size() + b];
-        for (int s = 0; s < steps; ++s)
-          t.add(std::span<const float>(teacher).subspan(std::size_t(s) * vocab, vocab),
-                std::span<const float>(student).subspan(std::size_t(s) * vocab, vocab),
-                continuation[std::size_t(s)]);
-      }
+      for (std::size_t g = 0; g < granularities_.size(); ++g)
+        for (std::size_t b = 0; b < budgets_.size(); ++b) {
+          const std::size_t i = index(p, g, b);
+          progress(i);
+          run(*policies_[p], budgets_[b], granularities_[g], student);
+          for (int s = 0; s < steps; ++s)
+            totals_[i].add(std::span<const float>(teacher).subspan(std::size_t(s) * vocab, vocab),
+                           std::span<const float>(student).subspan(std::size_t(s) * vocab, vocab),
+                           continuation[std::size_t(s)]);
+        }
     ++contexts_;
   }
 
   const std::vector<FidelityTotals>& totals() const { return totals_; }
+  const FidelityTotals& total(std::size_t policy, std::size_t granularity, std::size_t budget) const {
+    return totals_[index(policy, granularity, budget)];
+  }
+  std::size_t index(std::size_t policy, std::size_t granularity, std::size_t budget) const {
+    DC_CHECK(policy < policies_.size() && granularity < granularities_.size() &&
+                 budget < budgets_.size(),
+             "fidelity: student (", policy, ", ", granularity, ", ", budget, ") outside the grid");
+    return (policy * granularities_.size() + granularity) * budgets_.size() + budget;
+  }
   int contexts() const { return contexts_; }
 
  private:
@@ -89,6 +104,7 @@ class FidelityEvaluator {
   std::vector<EvictionPolicy*> policies_;
   std::vector<Budget> budgets_;
   EvictionMode mode_;
+  std::vector<Granularity> granularities_;
   std::vector<FidelityTotals> totals_;
   int contexts_ = 0;
 };

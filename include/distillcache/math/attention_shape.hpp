@@ -14,8 +14,8 @@ struct AttentionShape {
 };
 
 
-// Where attention statistics go for one layer: the layer's block [stat_rows(num_heads),
-// capacity] (null: no statistics), and the first query of the chunk that is observed (queries
+// Where attention statistics go for one layer: the layer's block [kv_heads,
+// stat_rows_per_kv_head(group), capacity] (math/features.hpp; null: no statistics), and the first query of the chunk that is observed (queries
 // t >= first_observed accumulate; the chunk's queries are in position order).
 struct AttentionStats {
   float* block = nullptr;

@@ -17,19 +17,28 @@
 
 namespace dc {
 
-// Rows of a layer's statistics block [stat_rows(num_heads), capacity]: row r, slot j at
-// block[r * capacity + j].
+// Statistics are kept per (KV head, slot), so that every KV head may hold its own keep-set.
+// A layer's block is [kv_heads, stat_rows_per_kv_head(group), capacity] with group = query heads
+// per KV head: row r of KV head h, slot j at block[(h * rows + r) * capacity + j]. The sums over
+// "heads" below run over the group's query heads only; coarser features (a keep-set shared by
+// the heads of a layer, or by every layer) add the KV heads' rows up (cache/features.hpp).
 enum StatRow : int {
-  kStatMass = 0,         // sum over observed queries and heads of a_qhi
-  kStatEntropyMass = 1,  // sum over observed queries and heads of a_qhi * H(q, h)
+  kStatMass = 0,         // sum over observed queries and the group's heads of a_qhi
+  kStatEntropyMass = 1,  // sum over observed queries and the group's heads of a_qhi * H(q, h)
   kStatQueries = 2,      // number of observed queries that could see the slot
-  kStatValueNorm = 3,    // mean over KV heads of ||v||_2 (set when the slot is written)
-  kStatKeyNorm = 4,      // mean over KV heads of ||k||_2 after RoPE (set when written)
-  kStatLastMass = 5,     // sum over heads of the attention of the most recent observed query
-  kStatHeadMass = 6,     // first of num_heads rows: per query head, sum over observed queries
+  kStatValueNorm = 3,    // ||v||_2 of this KV head's value (set when the slot is written)
+  kStatKeyNorm = 4,      // ||k||_2 of this KV head's key after RoPE (set when written)
+  kStatLastMass = 5,     // sum over the group's heads of the newest observed query's attention
+  kStatHeadMass = 6,     // first of `group` rows: per query head of the group, sum over queries
 };
 
-DC_HD int stat_rows(int num_heads) { return kStatHeadMass + num_heads; }
+DC_HD int stat_rows_per_kv_head(int group_size) { return kStatHeadMass + group_size; }
+
+// Floats in one layer's statistics block.
+DC_HD long long stat_block_floats(int num_heads, int num_kv_heads, int capacity) {
+  return static_cast<long long>(num_kv_heads) * stat_rows_per_kv_head(num_heads / num_kv_heads) *
+         capacity;
+}
 
 namespace math {
 
@@ -61,10 +70,12 @@ DC_HD float variance_from_sums(float sum, float sum_squares, int n) {
   return v > 0.0f ? v : 0.0f;
 }
 
-// Folds the observed queries' attention to one slot into that slot's statistics, in the fixed
-// order (observed query r, then head h) both backends use, so their sums agree and do not depend
-// on the thread count. sees(r): can observed query r see the slot; prob(r, h, p, entropy): the
-// probability of row (r, h) for the slot and that row's entropy.
+// Folds the observed queries' attention to one slot of one KV head into that slot's statistics
+// (block: the KV head's rows, [stat_rows_per_kv_head(num_heads), capacity]), in the fixed order
+// (observed query r, then the group's head h) both backends use, so their sums agree and do not
+// depend on the thread count. sees(r): can observed query r see the slot; prob(r, h, p,
+// entropy): the probability of row (r, h) for the slot (h indexes the group) and that row's
+// entropy.
 DC_EXEC_CHECK_DISABLE
 template <class Sees, class Prob>
 DC_HD void fold_slot_statistics(float* block, long long capacity, int slot, int observed,

@@ -23,6 +23,7 @@
 #include "../cache/kv_cache.hpp"
 #include "../core/copy.hpp"
 #include "../core/finite.hpp"
+#include "../cpu/ops.hpp"
 #include "../math/attention_shape.hpp"
 #include "config.hpp"
 #include "weights.hpp"
@@ -30,6 +31,11 @@
 namespace dc {
 
 enum class LogitsFor { last, all, none };
+
+// What a KV cache needs to know of a model.
+inline CacheShape cache_shape_of(const ModelConfig& c) {
+  return {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.max_position};
+}
 
 template <Backend B, class W = float>
 class Transformer {
@@ -59,7 +65,7 @@ class Transformer {
   Context<B>& context() { return ctx_; }
   int max_chunk() const { return max_chunk_; }
 
-  KVCache<B> make_cache(int capacity) const { return KVCache<B>(cfg_, capacity); }
+  KVCache<B> make_cache(int capacity) const { return KVCache<B>(cache_shape_of(cfg_), capacity); }
 
   // Runs tokens through the model at the cache's next positions, appending their K/V.
   // Writes host logits into out: [tokens.size(), vocab] for LogitsFor::all, [vocab] for last.

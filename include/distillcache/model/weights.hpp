@@ -69,7 +69,7 @@ void for_each_weight(const ModelConfig& c, HostWeights& w, Fn&& fn) {
 
 // Builds Weights<B, W> from host weights, tensor by tensor: matrix(t) makes each matrix (embed,
 // projections, lm_head; an empty lm_head stays empty), norm(t) each fp32 norm vector. The CPU
-// conversion below and the CUDA upload (cuda/weights.cuh) are both this walk.
+// conversion below and the CUDA upload (model/weights.cuh) are both this walk.
 template <Backend B, class W, class Matrix, class Norm>
 Weights<B, W> transform_weights(const HostWeights& host, Matrix&& matrix, Norm&& norm) {
   Weights<B, W> out;

@@ -1,5 +1,6 @@
 #pragma once
 // The heuristics every user compares a learned policy against. Each keeps the top-B of its score.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -10,6 +11,13 @@
 #include "policy.hpp"
 
 namespace dc {
+
+// Every baseline scores rows (cache/features.hpp), so each runs at every granularity: one
+// keep-set for the whole cache, one per layer or one per (layer, KV head). At head granularity
+// each follows the rule of the corresponding kvpress press (kvpress keeps per-(layer, KV head)
+// sets): observed = ObservedAttentionPress, snapkv = SnapKVPress (window 64, kernel 5, average
+// pooling), tova = TOVAPress (per layer: it averages over all heads of a layer), knorm =
+// KnormPress, streaming = StreamingLLMPress, random = RandomPress.
 
 // full: keeps everything; the reference every other policy is measured against.
 class FullCachePolicy final : public EvictionPolicy {
@@ -22,7 +30,7 @@ class FullCachePolicy final : public EvictionPolicy {
   }
 };
 
-// random: a uniformly random B-subset (seeded), the floor any policy must beat.
+// random: a uniformly random B-subset of each group (seeded), the floor any policy must beat.
 class RandomPolicy final : public EvictionPolicy {
  public:
   explicit RandomPolicy(std::uint64_t seed = 0) : rng_(seed) {}
@@ -73,39 +81,54 @@ class H2OPolicy final : public EvictionPolicy {
   double recent_fraction_;
 };
 
+// observed: the mean attention a token received from the queries that could see it (every
+// prompt query observed), no recent window and no sinks: kvpress's ObservedAttentionPress, its
+// one-shot form of H2O. That mean is the alpha feature.
+class ObservedAttentionPolicy final : public EvictionPolicy {
+ public:
+  std::string name() const override { return "observed"; }
+  int observation_window() const override { return 0; }
+  void score_slots(const TokenFeatures& f, int, std::span<float> s) override {
+    for (int i = 0; i < f.size; ++i) s[std::size_t(i)] = f.feature(i, Feature::alpha);
+  }
+};
+
 // snapkv: attention of an observation window of the last W prompt queries, average-pooled over
-// neighbouring positions, top-B; the window itself is kept (SnapKV, Li et al. 2024; W 64,
-// kernel 5 as in kvpress).
+// neighbouring positions of the same group, top-B; the window itself is kept (SnapKV, Li et
+// al. 2024; W 64, kernel 5 and average pooling as in kvpress).
 class SnapKVPolicy final : public EvictionPolicy {
  public:
   explicit SnapKVPolicy(int window = 64, int kernel = 5) : window_(window), kernel_(kernel) {}
   std::string name() const override { return "snapkv"; }
   int observation_window() const override { return window_; }
   void score_slots(const TokenFeatures& f, int, std::span<float> s) override {
-    // Slots are in position order for a shared keep-set; pool over slot neighbours.
+    // A group's rows are in position order: pool over row neighbours inside the group.
     const int half = kernel_ / 2;
-    for (int i = 0; i < f.size; ++i) {
-      if (f.position[std::size_t(i)] > f.latest_position - window_) {
-        s[std::size_t(i)] = INFINITY;
-        continue;
+    for (const FeatureGroup& g : f.groups)
+      for (int i = g.row_begin; i < g.row_end; ++i) {
+        if (f.position[std::size_t(i)] > f.latest_position - window_) {
+          s[std::size_t(i)] = INFINITY;
+          continue;
+        }
+        float sum = 0.0f;
+        for (int j = std::max(g.row_begin, i - half); j <= std::min(g.row_end - 1, i + half); ++j)
+          sum += f.feature(j, Feature::alpha);
+        s[std::size_t(i)] = sum / float(kernel_);  // zero padding at the edges, as avg_pool1d
       }
-      float sum = 0.0f;
-      for (int j = i - half; j <= i + half; ++j)
-        if (j >= 0 && j < f.size) sum += f.alpha[std::size_t(j)];
-      s[std::size_t(i)] = sum / float(kernel_);  // zero padding at the edges, as avg_pool1d
-    }
   }
 
  private:
   int window_, kernel_;
 };
 
-// tova: evict the token the newest query attends to least, mean over heads and layers
-// (TOVA, Oren et al. 2024).
+// tova: evict the token the newest query attends to least, mean over the heads of a layer (or of
+// every layer for a shared set) (TOVA, Oren et al. 2024). Defined per layer, as kvpress's
+// TOVAPress: a head-granular request keeps one set per layer.
 class TOVAPolicy final : public EvictionPolicy {
  public:
   std::string name() const override { return "tova"; }
   int observation_window() const override { return 1; }
+  Granularity finest_granularity() const override { return Granularity::layer; }
   void score_slots(const TokenFeatures& f, int, std::span<float> s) override {
     for (int i = 0; i < f.size; ++i) s[std::size_t(i)] = f.last_query_mass[std::size_t(i)];
   }
@@ -122,7 +145,7 @@ class KNormPolicy final : public EvictionPolicy {
 };
 
 inline std::vector<std::string> baseline_policy_names() {
-  return {"full", "random", "streaming", "h2o", "snapkv", "tova", "knorm"};
+  return {"full", "random", "streaming", "h2o", "observed", "snapkv", "tova", "knorm"};
 }
 
 // Makes a baseline by name; dc::Error lists the known names otherwise.
@@ -132,10 +155,11 @@ inline std::unique_ptr<EvictionPolicy> make_baseline_policy(const std::string& n
   if (name == "random") return std::make_unique<RandomPolicy>(seed);
   if (name == "streaming") return std::make_unique<StreamingPolicy>();
   if (name == "h2o") return std::make_unique<H2OPolicy>();
+  if (name == "observed") return std::make_unique<ObservedAttentionPolicy>();
   if (name == "snapkv") return std::make_unique<SnapKVPolicy>();
   if (name == "tova") return std::make_unique<TOVAPolicy>();
   if (name == "knorm") return std::make_unique<KNormPolicy>();
-  DC_FAIL("unknown policy '", name, "' (known: full, random, streaming, h2o, snapkv, tova, knorm)");
+  DC_FAIL("unknown policy '", name, "' (known: full, random, streaming, h2o, observed, snapkv, tova, knorm)");
 }
 
 }  // namespace dc

@@ -1,12 +1,13 @@
 #pragma once
-// The eviction-policy interface: read a TokenFeatures view, write one score per cached token
-// (higher = more worth keeping). A top-B selector (policy/select.hpp) turns scores into the
-// keep-set.
+// The eviction-policy interface: read a TokenFeatures view, write one score per row (higher =
+// more worth keeping). A top-B selector (policy/select.hpp) turns scores into one keep-set per
+// group (cache/features.hpp).
 //
 // A small virtual interface rather than a concept: policies are chosen at run time by name
 // (examples/eval), held in lists, and the learned policy carries trained parameters; one virtual
 // call per eviction (not per token) costs nothing next to the attention that produced the
 // features.
+#include <algorithm>
 #include <cmath>
 #include <span>
 #include <string>
@@ -23,7 +24,18 @@ class EvictionPolicy {
   virtual bool evicts() const { return true; }
   // How many of the last prompt queries are observed at prefill; 0 = all of them.
   virtual int observation_window() const { return 32; }
-  // Scores for every slot of f (scores.size() == f.size); budget is the number that will be kept.
+  // First prompt position whose query the policy observes, for a prompt of n tokens.
+  int observation_start(int n) const {
+    const int window = observation_window();
+    return window <= 0 ? 0 : std::max(0, n - window);
+  }
+  // The finest keep-set granularity the policy's rule is defined at; a finer request is served
+  // at this one (e.g. TOVA averages the newest query's attention over all heads of a layer).
+  virtual Granularity finest_granularity() const { return Granularity::head; }
+  Granularity granularity_for(Granularity requested) const {
+    return int(requested) <= int(finest_granularity()) ? requested : finest_granularity();
+  }
+  // Scores for every row of f (scores.size() == f.size); budget is the number each group keeps.
   // Checks the arguments (consistent, finite features; matching sizes; budget >= 0) and the
   // scores the policy wrote (no NaN; +-inf are fine and mean "always" / "never"), then returns.
   void score(const TokenFeatures& f, int budget, std::span<float> scores) {
@@ -33,7 +45,7 @@ class EvictionPolicy {
     DC_CHECK(budget >= 0, "policy '", name(), "': negative budget ", budget);
     score_slots(f, budget, scores);
     for (std::size_t i = 0; i < scores.size(); ++i)
-      DC_CHECK(!std::isnan(scores[i]), "policy '", name(), "' gave slot ", i, " (position ",
+      DC_CHECK(!std::isnan(scores[i]), "policy '", name(), "' gave row ", i, " (position ",
                f.position[i], ") a NaN score");
   }
 

@@ -6,8 +6,10 @@
 #include <cstdint>
 #include <numeric>
 #include <span>
+#include <utility>
 #include <vector>
 
+#include "../cache/keep_sets.hpp"
 #include "../core/error.hpp"
 
 namespace dc {
@@ -46,6 +48,25 @@ inline std::vector<std::int32_t> select_keep(std::span<const float> scores,
   std::nth_element(keep.begin(), keep.begin() + budget, keep.end(), better);
   keep.resize(std::size_t(budget));
   std::sort(keep.begin(), keep.end());
+  return keep;
+}
+
+// The top-B of every group of f (scores: one per row), as kept slots in ascending order per
+// group (compact_groups applies them). sink and recent protect positions within each group.
+inline KeepSets select_keep_groups(std::span<const float> scores, const TokenFeatures& f,
+                                   int budget, int sink = 0, int recent = 0) {
+  DC_CHECK(scores.size() == std::size_t(f.size), "select_keep_groups: ", scores.size(),
+           " scores for ", f.size, " rows");
+  KeepSets keep(f.groups.size());
+  for (std::size_t g = 0; g < f.groups.size(); ++g) {
+    const FeatureGroup& group = f.groups[g];
+    const auto rows = std::size_t(group.row_begin), n = std::size_t(group.rows());
+    auto chosen = select_keep(scores.subspan(rows, n),
+                              std::span<const std::int32_t>(f.position).subspan(rows, n), budget,
+                              sink, recent);
+    for (auto& r : chosen) r = f.slot[rows + std::size_t(r)];  // row in group -> slot
+    keep[g] = std::move(chosen);
+  }
   return keep;
 }
 

@@ -9,10 +9,10 @@
 
 #include "../core/dtype.hpp"
 #include "../core/tensor.hpp"
-#include "../model/weights.hpp"
-#include "buffer.cuh"
-#include "context.cuh"
-#include "copy.cuh"
+#include "weights.hpp"
+#include "../cuda/buffer.cuh"
+#include "../cuda/context.cuh"
+#include "../cuda/copy.cuh"
 
 namespace dc {
 namespace cuda_detail {

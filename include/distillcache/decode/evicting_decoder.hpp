@@ -5,6 +5,10 @@
 // cache reaches B + chunk tokens (evicted back to B), so it never holds more than B + chunk.
 // Statistics: at prefill the policy's observation window of the last W prompt queries is
 // observed (W = 0: all of them); every decode query is observed.
+//
+// Granularity: one keep-set for the whole cache (shared), one per layer, or one per (layer, KV
+// head); the policy's own finest granularity caps the request (policy.granularity_for). Every
+// group keeps B slots, so the cache holds exactly B (+ chunk) slots per layer and head.
 #include <algorithm>
 #include <cstdint>
 #include <span>
@@ -13,8 +17,9 @@
 #include "../model/transformer.hpp"
 #include "../policy/policy.hpp"
 #include "../policy/select.hpp"
-#include "budget.hpp"
-#include "features.hpp"
+#include "../cache/budget.hpp"
+#include "../cache/features.hpp"
+#include "../cache/keep_sets.hpp"
 
 namespace dc {
 
@@ -25,8 +30,10 @@ class EvictingDecoder {
  public:
   // max_new_tokens bounds decoding, to size the cache once.
   EvictingDecoder(Transformer<B, W>& model, EvictionPolicy& policy, Budget budget,
-                  EvictionMode mode, int max_prompt, int max_new_tokens)
-      : model_(model), policy_(policy), budget_(budget), mode_(mode), max_prompt_(max_prompt) {
+                  EvictionMode mode, int max_prompt, int max_new_tokens,
+                  Granularity granularity = Granularity::shared)
+      : model_(model), policy_(policy), budget_(budget), mode_(mode), max_prompt_(max_prompt),
+        granularity_(policy.granularity_for(granularity)) {
     DC_CHECK(max_prompt > 0 && max_new_tokens >= 0, "EvictingDecoder: max_prompt ", max_prompt,
              " must be positive and max_new_tokens ", max_new_tokens, " non-negative");
     const std::int64_t capacity = std::int64_t(max_prompt) + max_new_tokens;
@@ -45,33 +52,27 @@ class EvictingDecoder {
     DC_CHECK(n <= max_prompt_, "EvictingDecoder: prompt of ", n, " tokens exceeds max_prompt ",
              max_prompt_);
     cache_.clear();
-    cache_.set_observed_from(observation_start(policy_, n));
+    cache_.set_observed_from(policy_.observation_start(n));
     model_.forward(prompt, cache_, std::span<float>(logits_));
     return compress_prompt(n);
   }
 
   // The same as prefill() for a prompt already run through the model with this policy's
-  // observation window (cache.set_observed_from(observation_start(n)) before the forward):
+  // observation window (cache.set_observed_from(policy.observation_start(n)) before the forward):
   // copies that cache and compresses the copy. Lets one prefill serve several policies/budgets.
   std::span<const float> adopt_prefill(const KVCache<B>& prefilled, std::span<const float> logits) {
     const int n = prefilled.next_position();
     DC_CHECK(n > 0 && n <= max_prompt_, "EvictingDecoder: prefilled prompt of ", n,
              " tokens (max_prompt ", max_prompt_, ")");
-    DC_CHECK(prefilled.observed_from() == observation_start(policy_, n),
+    DC_CHECK(prefilled.observed_from() == policy_.observation_start(n),
              "EvictingDecoder: the prefilled cache observed queries from position ",
              prefilled.observed_from(), ", policy '", policy_.name(), "' needs ",
-             observation_start(policy_, n));
+             policy_.observation_start(n));
     DC_CHECK(logits.size() == logits_.size(), "EvictingDecoder: logits of ", logits.size(),
              " entries, vocabulary ", logits_.size());
     cache_.copy_from(model_.context(), prefilled);
     std::copy(logits.begin(), logits.end(), logits_.begin());
     return compress_prompt(n);
-  }
-
-  // First prompt position whose query the policy observes, for a prompt of n tokens.
-  static int observation_start(const EvictionPolicy& policy, int n) {
-    const int window = policy.observation_window();
-    return window <= 0 ? 0 : std::max(0, n - window);
   }
 
   // Feeds one token; evicts back to the budget when decode-mode eviction is due.
@@ -90,6 +91,8 @@ class EvictingDecoder {
   const KVCache<B>& cache() const { return cache_; }
   int budget_tokens() const { return budget_tokens_; }
   int evictions() const { return evictions_; }
+  // The granularity keep-sets are chosen at (the request, capped by the policy's rule).
+  Granularity granularity() const { return granularity_; }
 
  private:
   std::span<const float> compress_prompt(int n) {
@@ -101,11 +104,12 @@ class EvictingDecoder {
   }
 
   void evict() {
-    const TokenFeatures f = gather_features(model_.context(), cache_);
+    const TokenFeatures f = gather_features(model_.context(), cache_, granularity_);
     scores_.assign(std::size_t(f.size), 0.0f);
     policy_.score(f, budget_tokens_, scores_);  // validates the features and the scores
-    const auto keep = select_keep(scores_, f.position, budget_tokens_, budget_.sink, budget_.recent);
-    cache_.compact(model_.context(), keep);
+    const KeepSets keep =
+        select_keep_groups(scores_, f, budget_tokens_, budget_.sink, budget_.recent);
+    compact_groups(model_.context(), cache_, f, keep);
     ++evictions_;
   }
 
@@ -114,6 +118,7 @@ class EvictingDecoder {
   Budget budget_;
   EvictionMode mode_;
   int max_prompt_;
+  Granularity granularity_;
   KVCache<B> cache_;
   std::vector<float> logits_, scores_;
   int budget_tokens_ = 0;

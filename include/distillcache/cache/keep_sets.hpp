@@ -1,0 +1,44 @@
+#pragma once
+// Applying the keep-sets of feature groups (cache/features.hpp) to a cache: group g keeps the
+// slots keep[g] (strictly ascending) in every layer and KV head it covers. One path for every
+// granularity: each layer is compacted once with per-head keep-sets, repeated for the heads a
+// shared or per-layer group covers.
+#include <cstdint>
+#include <vector>
+
+#include "features.hpp"
+#include "kv_cache.hpp"
+
+namespace dc {
+
+using KeepSets = std::vector<std::vector<std::int32_t>>;  // per group: kept slots, ascending
+
+template <Backend B>
+void compact_groups(const Context<B>& ctx, KVCache<B>& cache, const TokenFeatures& f,
+                    const KeepSets& keep) {
+  DC_CHECK(keep.size() == f.groups.size(), "compact_groups: ", keep.size(), " keep-sets for ",
+           f.groups.size(), " groups");
+  const int kv_heads = cache.num_kv_heads();
+  std::vector<int> owner(static_cast<std::size_t>(kv_heads));
+  std::vector<std::int32_t> flat;
+  for (int l = 0; l < cache.num_layers(); ++l) {
+    for (int h = 0; h < kv_heads; ++h) {
+      owner[std::size_t(h)] = -1;
+      for (int g = 0; g < f.num_groups(); ++g)
+        if (f.groups[std::size_t(g)].covers(l, h)) owner[std::size_t(h)] = g;
+      DC_CHECK(owner[std::size_t(h)] >= 0, "compact_groups: no group covers layer ", l,
+               ", kv head ", h);
+    }
+    const std::size_t count = keep[std::size_t(owner[0])].size();
+    flat.clear();
+    for (int h = 0; h < kv_heads; ++h) {
+      const auto& k = keep[std::size_t(owner[std::size_t(h)])];
+      DC_CHECK(k.size() == count, "compact_groups: the kv heads of layer ", l, " keep ", count,
+               " and ", k.size(), " slots; a layer's heads must keep the same number");
+      flat.insert(flat.end(), k.begin(), k.end());
+    }
+    cache.compact_heads(ctx, l, flat);
+  }
+}
+
+}  // namespace dc
