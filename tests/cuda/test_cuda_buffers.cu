@@ -36,7 +36,7 @@ TEST_CASE("device buffers, caches and models know their device, so mismatches ar
   CHECK(ctx.device() == current);
   dc::ModelConfig cfg = dc::ModelConfig::mistral_7b_v0_1();
   cfg.num_layers = 1;
-  dc::KVCache<dc::cuda> cache(cfg, 4);
+  dc::KVCache<dc::cuda> cache(dc::cache_shape_of(cfg), 4);
   CHECK(cache.device() == current);
   // With one GPU a real mismatch cannot be staged; the check itself is tested on the CPU
   // (tests/cpu/test_bad_input.cpp) and is what Transformer<cuda> calls.

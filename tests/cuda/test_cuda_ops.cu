@@ -67,21 +67,32 @@ float normalised_error(std::span<const float> got, std::span<const float> want) 
   return diff / std::max(1e-6f, scale);
 }
 
-// Positions of len cached slots: 0..len-1, or (compacted) a sorted random len-subset of
-// 0..2*len-1, as a cache looks after eviction.
-std::vector<std::int32_t> cached_positions(int len, bool compacted) {
-  std::vector<std::int32_t> key_pos(static_cast<std::size_t>(len));
-  if (compacted) {
-    std::mt19937 rng(70 + unsigned(len));
-    std::vector<std::int32_t> all(static_cast<std::size_t>(2 * len));
-    for (int i = 0; i < 2 * len; ++i) all[std::size_t(i)] = i;
-    std::shuffle(all.begin(), all.end(), rng);
-    std::copy(all.begin(), all.begin() + len, key_pos.begin());
-    std::sort(key_pos.begin(), key_pos.end());
-  } else {
-    for (int j = 0; j < len; ++j) key_pos[std::size_t(j)] = j;
+// Positions of len cached slots per KV head, [kv_heads, capacity]: 0..len-1 in every head, or
+// (compacted) per head its own sorted random subset of 0..2*len-n-1 followed by the n newest
+// positions 2*len-n..2*len-1 (the chunk's own tokens, in every head), as a cache looks after
+// per-head eviction. query_pos: those n newest positions.
+struct CachedPositions {
+  std::vector<std::int32_t> key_pos, query_pos;
+};
+CachedPositions cached_positions(int len, int capacity, int kv_heads, int n, bool compacted) {
+  CachedPositions c;
+  c.key_pos.assign(std::size_t(kv_heads) * capacity, 0);
+  for (int h = 0; h < kv_heads; ++h) {
+    std::int32_t* head = c.key_pos.data() + std::size_t(h) * capacity;
+    if (compacted) {
+      std::mt19937 rng(70 + unsigned(len) + 1000u * unsigned(h));
+      std::vector<std::int32_t> older(static_cast<std::size_t>(2 * len - n));
+      std::iota(older.begin(), older.end(), 0);
+      std::shuffle(older.begin(), older.end(), rng);
+      std::sort(older.begin(), older.begin() + (len - n));
+      std::copy(older.begin(), older.begin() + (len - n), head);
+      for (int i = 0; i < n; ++i) head[len - n + i] = 2 * len - n + i;
+    } else {
+      std::iota(head, head + len, 0);
+    }
   }
-  return key_pos;
+  c.query_pos.assign(c.key_pos.begin() + (len - n), c.key_pos.begin() + len);
+  return c;
 }
 
 }  // namespace
@@ -218,7 +229,7 @@ namespace {
 struct AttentionCase {
   const char* name;
   int n, len, heads, kv_heads, head_dim, window;
-  bool compacted;  // key positions: a sorted random subset of [0, 2*len) instead of 0..len-1
+  bool compacted;  // key positions: per KV head its own sorted random subset of [0, 2*len)
   int offset = 0;  // K/V cache pointers start this many floats into their buffers (alignment)
 };
 
@@ -229,9 +240,8 @@ void check_attention(const AttentionCase& c) {
   dc::AttentionShape s{c.heads, c.kv_heads, c.head_dim, c.window,
                        1.0f / std::sqrt(float(c.head_dim)), capacity};
 
-  const std::vector<std::int32_t> key_pos = cached_positions(c.len, c.compacted);
   // The chunk's queries are the last n cached tokens, as in the transformer.
-  std::vector<std::int32_t> query_pos(key_pos.end() - c.n, key_pos.end());
+  const auto [key_pos, query_pos] = cached_positions(c.len, capacity, c.kv_heads, c.n, c.compacted);
 
   const std::size_t cache_size = std::size_t(c.kv_heads) * capacity * c.head_dim;
   auto kc = random_vector(cache_size, 80, 1.5f);
@@ -469,18 +479,20 @@ const char* stat_row_name(int r) {
   }
 }
 
-// Compares two statistics blocks [rows, capacity] row by row. With `base` (the block before the
-// op), accumulated rows are compared by their increments got - base vs want - base, so a large
-// starting value cannot hide an error; kStatLastMass (overwritten) is compared directly.
-// kStatQueries must agree exactly.
+// Compares two statistics blocks [kv_heads * per_head, capacity] (per_head rows of each KV head)
+// row by row. With `base` (the block before the op), accumulated rows are compared by their
+// increments got - base vs want - base, so a large starting value cannot hide an error;
+// kStatLastMass (overwritten) is compared directly. kStatQueries must agree exactly.
 void check_stats_block(const std::vector<float>& got, const std::vector<float>& want, int rows,
-                       int capacity, float tolerance, const std::vector<float>* base = nullptr) {
+                       int per_head, int capacity, float tolerance,
+                       const std::vector<float>* base = nullptr) {
   REQUIRE(got.size() == std::size_t(rows) * capacity);
   REQUIRE(want.size() == got.size());
-  for (int r = 0; r < rows; ++r) {
-    CAPTURE(r);
+  for (int row = 0; row < rows; ++row) {
+    const int r = row % per_head;  // the kind of row within its KV head
+    CAPTURE(row);
     CAPTURE(stat_row_name(r));
-    const std::size_t at = std::size_t(r) * capacity;
+    const std::size_t at = std::size_t(row) * capacity;
     std::vector<float> g(got.begin() + at, got.begin() + at + capacity);
     std::vector<float> w(want.begin() + at, want.begin() + at + capacity);
     if (r == dc::kStatQueries) {
@@ -512,7 +524,8 @@ TEST_CASE("cuda kv_write resets the new slots' statistics and records K/V norms 
     CAPTURE(c.n);
     const dc::AttentionShape s{c.heads, c.kv_heads, c.head_dim, 0,
                                1.0f / std::sqrt(float(c.head_dim)), c.capacity};
-    const int rows = dc::stat_rows(c.heads);
+    const int per_head = dc::stat_rows_per_kv_head(c.heads / c.kv_heads);
+    const int rows = c.kv_heads * per_head;
     const auto k = random_vector(std::size_t(c.n) * c.kv_heads * c.head_dim, 60, 2.0f);
     const auto v = random_vector(k.size(), 61);
     auto kc = random_vector(std::size_t(c.kv_heads) * c.capacity * c.head_dim, 62);
@@ -530,9 +543,10 @@ TEST_CASE("cuda kv_write resets the new slots' statistics and records K/V norms 
     CHECK(normalised_error(download(ctx, vc_d), vc) == 0.0f);
     const auto got = download(ctx, stats_d);
     // Rows other than the norms must be exact (zeros in the new slots, untouched elsewhere).
-    for (int r = 0; r < rows; ++r) {
-      CAPTURE(r);
-      const std::size_t at = std::size_t(r) * c.capacity;
+    for (int row = 0; row < rows; ++row) {
+      CAPTURE(row);
+      const int r = row % per_head;
+      const std::size_t at = std::size_t(row) * c.capacity;
       const std::span<const float> g(got.data() + at, std::size_t(c.capacity));
       const std::span<const float> w(stats.data() + at, std::size_t(c.capacity));
       if (r == dc::kStatKeyNorm || r == dc::kStatValueNorm) {
@@ -551,7 +565,8 @@ namespace {
 struct CompactCase {
   std::string name;
   int kv_heads, head_dim, heads, capacity, len;
-  std::vector<std::int32_t> keep;
+  std::vector<std::int32_t> keep;      // one keep-set for every head
+  std::vector<std::int32_t> per_head;  // or, when given, [kv_heads, count]: a set per head
 };
 
 // Fills a buffer with sign * (offset + i mod 2^22), exact in fp32 (a half-integer offset keeps
@@ -565,21 +580,26 @@ std::vector<float> distinct_values(std::size_t n, float offset, float sign = 1.0
 void check_compact(const CompactCase& c) {
   CAPTURE(c.name);
   Gpu ctx;
-  const int rows = dc::stat_rows(c.heads);
+  const int per_head = dc::stat_rows_per_kv_head(c.heads / c.kv_heads);
   const std::size_t kv = std::size_t(c.kv_heads) * c.capacity * c.head_dim;
   auto kc = distinct_values(kv, 0.0f);
   auto vc = distinct_values(kv, 0.5f, -1.0f);
-  auto stats = distinct_values(std::size_t(rows) * c.capacity, 0.5f);
+  auto stats = distinct_values(std::size_t(c.kv_heads) * per_head * c.capacity, 0.5f);
+  // Either per-head sets, or one set repeated for every head (a shared keep-set).
+  std::vector<std::int32_t> flat = c.per_head;
+  if (flat.empty())
+    for (int h = 0; h < c.kv_heads; ++h) flat.insert(flat.end(), c.keep.begin(), c.keep.end());
+  const int count = int(flat.size()) / c.kv_heads;
   auto kc_d = upload(ctx, kc);
   auto vc_d = upload(ctx, vc);
   auto stats_d = upload(ctx, stats);
-  dc::kv_compact(kCpu, kc.data(), vc.data(), stats.data(), c.kv_heads, c.head_dim, rows,
-                 c.capacity, c.keep);
+  dc::kv_compact(kCpu, kc.data(), vc.data(), stats.data(), c.kv_heads, c.head_dim, per_head,
+                 c.capacity, flat, count);
   {
     // The keep-set lives in a temporary the GPU call must not read after it returns.
-    std::vector<std::int32_t> keep = c.keep;
-    dc::kv_compact(ctx, kc_d.data(), vc_d.data(), stats_d.data(), c.kv_heads, c.head_dim, rows,
-                   c.capacity, keep);
+    std::vector<std::int32_t> keep = flat;
+    dc::kv_compact(ctx, kc_d.data(), vc_d.data(), stats_d.data(), c.kv_heads, c.head_dim, per_head,
+                   c.capacity, keep, count);
     std::fill(keep.begin(), keep.end(), -1);
   }
   CHECK(download(ctx, kc_d) == kc);
@@ -591,6 +611,19 @@ std::vector<std::int32_t> iota_keep(int begin, int end) {
   std::vector<std::int32_t> k;
   for (int i = begin; i < end; ++i) k.push_back(i);
   return k;
+}
+
+// kv_heads keep-sets of `count` slots of [0, len) each, every head its own random choice.
+std::vector<std::int32_t> per_head_keep(int kv_heads, int len, int count, unsigned seed) {
+  std::vector<std::int32_t> flat;
+  for (int h = 0; h < kv_heads; ++h) {
+    std::vector<std::int32_t> all = iota_keep(0, len);
+    std::mt19937 rng(seed + 17u * unsigned(h));
+    std::shuffle(all.begin(), all.end(), rng);
+    std::sort(all.begin(), all.begin() + count);
+    flat.insert(flat.end(), all.begin(), all.begin() + count);
+  }
+  return flat;
 }
 
 std::vector<std::int32_t> random_keep(int len, double fraction, unsigned seed) {
@@ -612,16 +645,24 @@ TEST_CASE("cuda kv_compact moves K, V and statistics rows exactly like the CPU")
     return k;
   };
   const std::vector<CompactCase> cases = {
-      {"identity", 2, 16, 6, cap, len, iota_keep(0, len)},
-      {"empty keep", 2, 16, 6, cap, len, {}},
-      {"keep of one (the last slot)", 2, 16, 6, cap, len, {len - 1}},
-      {"keep of one (slot 0)", 2, 16, 6, cap, len, {0}},
-      {"all but the first", 2, 16, 6, cap, len, all_but(0)},
-      {"all but a middle slot", 2, 64, 4, cap, len, all_but(137)},
-      {"all but the last (a truncation)", 2, 64, 4, cap, len, all_but(len - 1)},
-      {"random half, hd 128, GQA", 8, 128, 32, cap, len, random_keep(len, 0.5, 1)},
-      {"random tenth, hd 80", 3, 80, 6, cap, len, random_keep(len, 0.1, 2)},
-      {"recent window", 2, 16, 6, cap, len, iota_keep(len - 50, len)},
+      {"identity", 2, 16, 6, cap, len, iota_keep(0, len), {}},
+      {"empty keep", 2, 16, 6, cap, len, {}, {}},
+      {"keep of one (the last slot)", 2, 16, 6, cap, len, {len - 1}, {}},
+      {"keep of one (slot 0)", 2, 16, 6, cap, len, {0}, {}},
+      {"all but the first", 2, 16, 6, cap, len, all_but(0), {}},
+      {"all but a middle slot", 2, 64, 4, cap, len, all_but(137), {}},
+      {"all but the last (a truncation)", 2, 64, 4, cap, len, all_but(len - 1), {}},
+      {"random half, hd 128, GQA", 8, 128, 32, cap, len, random_keep(len, 0.5, 1), {}},
+      {"random tenth, hd 80", 3, 80, 6, cap, len, random_keep(len, 0.1, 2), {}},
+      {"recent window", 2, 16, 6, cap, len, iota_keep(len - 50, len), {}},
+      {"per head: 3 heads, their own random thirds", 3, 64, 9, cap, len, {}, per_head_keep(3, len, 100, 3)},
+      {"per head: head 0 identity, head 1 random", 2, 16, 6, cap, len, {},
+       [&] {
+         auto k = iota_keep(0, 120);
+         const auto other = per_head_keep(1, len, 120, 4);
+         k.insert(k.end(), other.begin(), other.end());
+         return k;
+       }()},
   };
   for (const auto& c : cases) check_compact(c);
 }
@@ -633,7 +674,7 @@ TEST_CASE("cuda kv_compact batches long caches without races") {
   std::vector<std::int32_t> keep;
   for (int i = 0; i < len; ++i)
     if (i % 7 != 3) keep.push_back(i);
-  check_compact({"20000 slots, drop every 7th", 8, 128, 32, cap, len, keep});
+  check_compact({"20000 slots, drop every 7th", 8, 128, 32, cap, len, keep, {}});
 }
 
 // ---- attention statistics --------------------------------------------------------------------
@@ -643,7 +684,7 @@ namespace {
 struct StatsCase {
   const char* name;
   int n, len, heads, kv_heads, head_dim, window;
-  bool compacted;      // key positions: a sorted random subset of [0, 2*len)
+  bool compacted;      // key positions: per KV head its own sorted random subset of [0, 2*len)
   int first_observed;  // queries t >= first_observed are observed
   int offset = 0;      // K/V cache pointers start this many floats into their buffers
   float tolerance = 2e-5f;
@@ -655,10 +696,10 @@ void check_attention_stats(const StatsCase& c) {
   const int capacity = c.len + 7;
   const dc::AttentionShape s{c.heads, c.kv_heads, c.head_dim, c.window,
                              1.0f / std::sqrt(float(c.head_dim)), capacity};
-  const int rows = dc::stat_rows(c.heads);
+  const int per_head = dc::stat_rows_per_kv_head(c.heads / c.kv_heads);
+  const int rows = c.kv_heads * per_head;  // the block as [kv_heads * per_head, capacity]
 
-  const std::vector<std::int32_t> key_pos = cached_positions(c.len, c.compacted);
-  std::vector<std::int32_t> query_pos(key_pos.end() - c.n, key_pos.end());
+  const auto [key_pos, query_pos] = cached_positions(c.len, capacity, c.kv_heads, c.n, c.compacted);
 
   const std::size_t cache_size = std::size_t(c.kv_heads) * capacity * c.head_dim;
   auto kc = random_vector(cache_size, 80, 1.5f);
@@ -691,7 +732,7 @@ void check_attention_stats(const StatsCase& c) {
                 kp_d.data(), c.len, qp_d.data(), c.n, s,
                 dc::AttentionStats{stats_d.data(), c.first_observed});
   CHECK(normalised_error(download(ctx, out_d), want) < c.tolerance);
-  check_stats_block(download(ctx, stats_d), want_stats, rows, capacity, c.tolerance, &base);
+  check_stats_block(download(ctx, stats_d), want_stats, rows, per_head, capacity, c.tolerance, &base);
 
   // Determinism: the same call again adds exactly the same increments.
   auto stats2_d = upload(ctx, base);
@@ -734,7 +775,7 @@ TEST_CASE("cuda attention statistics of queries that see no key are zero, like t
   Gpu ctx;
   const int len = 40, n = 3, hd = 64, heads = 2;
   const dc::AttentionShape s{heads, 1, hd, 4, 0.125f, len};
-  const int rows = dc::stat_rows(heads);
+  const int rows = dc::stat_rows_per_kv_head(heads);  // one KV head
   std::vector<std::int32_t> key_pos(len);
   for (int j = 0; j < len; ++j) key_pos[std::size_t(j)] = 100 + j;
   // Before every key; past every window; sees the last 4 keys (and is the last query).
@@ -756,7 +797,7 @@ TEST_CASE("cuda attention statistics of queries that see no key are zero, like t
   dc::attention(ctx, out_d.data(), q_d.data(), kc_d.data(), vc_d.data(), kp_d.data(), len,
                 qp_d.data(), n, s, dc::AttentionStats{stats_d.data(), 0});
   CHECK(normalised_error(download(ctx, out_d), want) < 2e-5f);
-  check_stats_block(download(ctx, stats_d), want_stats, rows, len, 2e-5f, &base);
+  check_stats_block(download(ctx, stats_d), want_stats, rows, rows, len, 2e-5f, &base);
 }
 
 TEST_CASE("cuda attention statistics on a cache compacted by kv_compact") {
@@ -765,12 +806,13 @@ TEST_CASE("cuda attention statistics on a cache compacted by kv_compact") {
   Gpu ctx;
   const int heads = 8, kv_heads = 2, hd = 64, cap = 512, len = 400;
   const dc::AttentionShape s{heads, kv_heads, hd, 0, 0.125f, cap};
-  const int rows = dc::stat_rows(heads);
+  const int per_head = dc::stat_rows_per_kv_head(heads / kv_heads), rows = kv_heads * per_head;
   const auto k = random_vector(std::size_t(len) * kv_heads * hd, 120, 1.5f);
   const auto v = random_vector(k.size(), 121);
   const auto q = random_vector(std::size_t(len) * heads * hd, 122, 1.5f);
-  std::vector<std::int32_t> pos(len);
-  for (int j = 0; j < len; ++j) pos[std::size_t(j)] = j;
+  std::vector<std::int32_t> pos(std::size_t(kv_heads) * cap, 0);  // [kv_heads, cap]
+  for (int h = 0; h < kv_heads; ++h)
+    for (int j = 0; j < len; ++j) pos[std::size_t(h) * cap + j] = j;
 
   std::vector<float> kc(std::size_t(kv_heads) * cap * hd, 0.0f), vc = kc;
   std::vector<float> st(std::size_t(rows) * cap, 0.0f);
@@ -794,22 +836,24 @@ TEST_CASE("cuda attention statistics on a cache compacted by kv_compact") {
                 vc_d.data(), pos_d.data(), len, pos_d.data() + t0, n, s,
                 dc::AttentionStats{st_d.data(), 32});
   CHECK(normalised_error(download(ctx, out_d), out) < 2e-5f);
-  check_stats_block(download(ctx, st_d), st, rows, cap, 2e-5f);
+  check_stats_block(download(ctx, st_d), st, rows, per_head, cap, 2e-5f);
 
-  // Compact both to the same keep-set (the GPU's statistics stay on the GPU).
-  const auto keep = random_keep(len, 0.4, 9);
-  REQUIRE(keep.back() == len - 1);  // the decoding query's own slot stays
-  dc::kv_compact(kCpu, kc.data(), vc.data(), st.data(), kv_heads, hd, rows, cap, keep);
-  dc::kv_compact(ctx, kc_d.data(), vc_d.data(), st_d.data(), kv_heads, hd, rows, cap, keep);
-  std::vector<std::int32_t> kept_pos;
-  for (const auto i : keep) kept_pos.push_back(pos[std::size_t(i)]);
+  // Compact both to per-head keep-sets of 160 slots (the GPU's statistics stay on the GPU); each
+  // head keeps the decoding query's own slot (the last).
+  const int m = 160;
+  std::vector<std::int32_t> keep = per_head_keep(kv_heads, len - 1, m - 1, 9);
+  for (int h = kv_heads - 1; h >= 0; --h) keep.insert(keep.begin() + std::ptrdiff_t(h + 1) * (m - 1), len - 1);
+  dc::kv_compact(kCpu, kc.data(), vc.data(), st.data(), kv_heads, hd, per_head, cap, keep, m);
+  dc::kv_compact(ctx, kc_d.data(), vc_d.data(), st_d.data(), kv_heads, hd, per_head, cap, keep, m);
+  std::vector<std::int32_t> kept_pos(std::size_t(kv_heads) * cap, 0);  // [kv_heads, cap]
+  for (int h = 0; h < kv_heads; ++h)
+    for (int i = 0; i < m; ++i) kept_pos[std::size_t(h) * cap + i] = keep[std::size_t(h) * m + i];
   auto kept_pos_d = upload(ctx, kept_pos);
   CHECK(download(ctx, kc_d) == kc);
   CHECK(download(ctx, vc_d) == vc);
-  check_stats_block(download(ctx, st_d), st, rows, cap, 2e-5f);
+  check_stats_block(download(ctx, st_d), st, rows, per_head, cap, 2e-5f);
 
   // Decode over the compacted cache: query = the last token, at its original position.
-  const int m = int(keep.size());
   std::vector<float> out1(std::size_t(heads) * hd);
   const float* q_last = q.data() + std::size_t(len - 1) * heads * hd;
   const auto before = download(ctx, st_d);
@@ -819,7 +863,7 @@ TEST_CASE("cuda attention statistics on a cache compacted by kv_compact") {
                 vc_d.data(), kept_pos_d.data(), m, kept_pos_d.data() + m - 1, 1, s,
                 dc::AttentionStats{st_d.data(), 0});
   CHECK(normalised_error(download(ctx, out_d.data(), out1.size()), out1) < 2e-5f);
-  check_stats_block(download(ctx, st_d), st, rows, cap, 2e-5f, &before);
+  check_stats_block(download(ctx, st_d), st, rows, per_head, cap, 2e-5f, &before);
 }
 
 // ---- end to end --------------------------------------------------------------------------------
@@ -835,14 +879,17 @@ dc::ModelConfig eviction_config(int window) {
 void check_caches(const Gpu& ctx, const dc::KVCache<dc::cpu>& cpu, const dc::KVCache<dc::cuda>& gpu,
                   float tolerance) {
   REQUIRE(cpu.num_layers() == gpu.num_layers());
-  const int rows = dc::stat_rows(cpu.num_heads()), cap = cpu.capacity();
+  const int per_head = cpu.stat_rows(), rows = cpu.num_kv_heads() * per_head, cap = cpu.capacity();
   for (int l = 0; l < cpu.num_layers(); ++l) {
     CAPTURE(l);
     const int len = cpu.length(l);
     REQUIRE(gpu.length(l) == len);
-    CHECK(gpu.host_positions(l) == cpu.host_positions(l));
-    const auto pos = download(ctx, gpu.positions(l), std::size_t(len));
-    CHECK(std::equal(pos.begin(), pos.end(), cpu.positions(l)));
+    const int kv_heads = cpu.num_kv_heads();
+    for (int h = 0; h < kv_heads; ++h) {
+      CHECK(gpu.host_positions(l, h) == cpu.host_positions(l, h));
+      const auto pos = download(ctx, gpu.positions(l) + std::size_t(h) * cap, std::size_t(len));
+      CHECK(std::equal(pos.begin(), pos.end(), cpu.positions(l) + std::size_t(h) * cap));
+    }
     // K/V of the used slots of every head (slots never written hold uninitialised memory).
     const std::size_t hd = std::size_t(cpu.head_dim());
     const std::size_t kv = std::size_t(cpu.num_kv_heads()) * cap * hd;
@@ -856,7 +903,8 @@ void check_caches(const Gpu& ctx, const dc::KVCache<dc::cpu>& cpu, const dc::KVC
     }
     const std::size_t block = std::size_t(rows) * cap;
     check_stats_block(download(ctx, gpu.stats(l), block),
-                      std::vector<float>(cpu.stats(l), cpu.stats(l) + block), rows, cap, tolerance);
+                      std::vector<float>(cpu.stats(l), cpu.stats(l) + block), rows, per_head, cap,
+                      tolerance);
   }
 }
 
@@ -924,6 +972,19 @@ void check_transformer_with_eviction(int window) {
   cache_gpu.compact_layer(ctx, 1, keep1);
   check_caches(ctx, cache_cpu, cache_gpu, kTolerance);
   for (int i = 0; i < 3; ++i) step(1, dc::LogitsFor::last);
+
+  // Per-head keep-sets: every KV head of layer 1 keeps its own 6 of its slots (the newest too).
+  const int len1 = cache_gpu.length(1);
+  std::vector<std::int32_t> heads_keep;
+  for (int h = 0; h < cfg.num_kv_heads; ++h) {
+    auto k = per_head_keep(1, len1 - 1, 5, 30u + unsigned(h));
+    k.push_back(len1 - 1);
+    heads_keep.insert(heads_keep.end(), k.begin(), k.end());
+  }
+  cache_cpu.compact_heads(kCpu, 1, heads_keep);
+  cache_gpu.compact_heads(ctx, 1, heads_keep);
+  check_caches(ctx, cache_cpu, cache_gpu, kTolerance);
+  for (int i = 0; i < 2; ++i) step(1, dc::LogitsFor::last);
   // A two-token chunk, all observed, over the compacted layers.
   step(2, dc::LogitsFor::all);
 }

@@ -188,6 +188,7 @@ bad "--budget negative"                   generate 1 "budget"             -- "${
 bad "--budget above 1"                    generate 1 "budget"             -- "${G[@]}" --policy h2o --budget 1.5
 bad "--budget NaN"                        generate 1 "budget"             -- "${G[@]}" --policy h2o --budget nan
 bad "--budget not a number"               generate 2 "--budget"           -- "${G[@]}" --policy h2o --budget half
+bad "--granularity unknown"               generate 2 "--granularity"      -- "${G[@]}" --policy h2o --budget 0.5 --granularity token
 
 # ---- generate: the model -------------------------------------------------------------------
 bad "model file missing"                  generate 1 "does not exist"     -- --model "none.gguf" --tokens 1
@@ -245,6 +246,8 @@ bad "--budget not a number"               eval 2 "--budget"              -- "${E
 bad "--budget empty list"                 eval 1 "no budget"             -- "${E[@]}" --budget ,
 bad "--policy unknown"                    eval 1 "unknown policy"        -- "${E[@]}" --policy streaming,lru
 bad "--policy empty list"                 eval 1 "no policy"             -- "${E[@]}" --policy ,
+bad "--granularity unknown"               eval 1 "unknown granularity"   -- "${E[@]}" --granularity shared,token
+bad "--granularity empty list"            eval 1 "--granularity"         -- "${E[@]}" --granularity ,
 bad "--seed negative"                     eval 2 "--seed"                -- "${E[@]}" --seed -1
 bad "--csv in a missing folder"           eval 1 "--csv"                 -- "${E[@]}" --csv /nonexistent/x.csv
 bad "--csv is a folder"                   eval 1 "--csv"                 -- "${E[@]}" --csv tiny_mistral

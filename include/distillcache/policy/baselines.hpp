@@ -122,15 +122,19 @@ class SnapKVPolicy final : public EvictionPolicy {
 };
 
 // tova: evict the token the newest query attends to least, mean over the heads of a layer (or of
-// every layer for a shared set) (TOVA, Oren et al. 2024). Defined per layer, as kvpress's
-// TOVAPress: a head-granular request keeps one set per layer.
+// every layer for a shared set) (TOVA, Oren et al. 2024); the newest token itself is always kept,
+// as in kvpress's TOVAPress. Defined per layer, as there: a head-granular request keeps one set
+// per layer.
 class TOVAPolicy final : public EvictionPolicy {
  public:
   std::string name() const override { return "tova"; }
   int observation_window() const override { return 1; }
   Granularity finest_granularity() const override { return Granularity::layer; }
   void score_slots(const TokenFeatures& f, int, std::span<float> s) override {
-    for (int i = 0; i < f.size; ++i) s[std::size_t(i)] = f.last_query_mass[std::size_t(i)];
+    for (int i = 0; i < f.size; ++i)
+      s[std::size_t(i)] = f.position[std::size_t(i)] == f.latest_position
+                              ? INFINITY
+                              : f.last_query_mass[std::size_t(i)];
   }
 };
 
