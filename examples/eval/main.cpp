@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <tuple>
 
 #include <distillcache/distillcache.hpp>
 
@@ -60,7 +61,10 @@ int main(int argc, char** argv) {
   app.add_option("--recent", recent, "newest tokens always kept")->check(integer_in(0, 1 << 20));
   app.add_option("--seed", seed, "seed of the random policy")->check(unsigned_integer());
   app.add_option("--csv", csv_path, "write the results as CSV here");
-  std::string granularities_arg = "shared";
+  std::string granularities_arg = "shared", keep_sets_path;
+  app.add_option("--keep-sets", keep_sets_path,
+                 "write every student's kept positions after the prompt's compression as CSV "
+                 "(policy,granularity,budget,context,layer,kv_head,positions)");
   app.add_option("--granularity", granularities_arg,
                  "keep-sets, comma-separated: shared (one for the cache), layer (one per layer), "
                  "head (one per layer and KV head)");
@@ -96,6 +100,7 @@ int main(int argc, char** argv) {
     // An unwritable --csv fails now, not after the evaluation: a probe that neither truncates an
     // existing file nor leaves a new one behind.
     if (!csv_path.empty()) check_writable(csv_path, "--csv");
+    if (!keep_sets_path.empty()) check_writable(keep_sets_path, "--keep-sets");
 
     std::error_code ec;
     DC_CHECK(!std::filesystem::is_directory(model_path, ec), "--model: '", model_path,
@@ -116,7 +121,35 @@ int main(int argc, char** argv) {
       dc::FidelityEvaluator<dc::cpu, W> eval(model, policies, budgets, mode, granularities);
       const auto start = std::chrono::steady_clock::now();
       const std::size_t per_context = policies.size() * granularities.size() * budgets.size();
+      auto name_of = [&](std::size_t i) {  // (policy, granularity it ran at, budget) of student i
+        const std::size_t p = i / (granularities.size() * budgets.size());
+        const std::size_t g = i / budgets.size() % granularities.size();
+        return std::make_tuple(p, dc::granularity_name(policies[p]->granularity_for(granularities[g])),
+                               i % budgets.size());
+      };
+      std::ofstream keep_sets;
+      std::size_t context_index = 0;
+      if (!keep_sets_path.empty()) {
+        keep_sets.open(keep_sets_path);
+        DC_CHECK(keep_sets, "--keep-sets: cannot write '", keep_sets_path, "'");
+        keep_sets << "policy,granularity,budget,context,layer,kv_head,positions\n";
+        eval.on_compressed([&](std::size_t i, const dc::KVCache<dc::cpu>& cache) {
+          const auto [p, ran_at, b] = name_of(i);
+          for (int l = 0; l < cache.num_layers(); ++l)
+            for (int h = 0; h < cache.num_kv_heads(); ++h) {
+              keep_sets << policy_names[p] << ',' << ran_at << ',' << fractions[b] << ',' << context_index
+                        << ',' << l << ',' << h << ',';
+              const char* sep = "";
+              for (const auto pos : cache.host_positions(l, h)) {
+                keep_sets << sep << pos;
+                sep = " ";
+              }
+              keep_sets << '\n';
+            }
+        });
+      }
       for (std::size_t c = 0; c < windows.size(); ++c) {
+        context_index = c;
         const std::span<const std::int32_t> w(windows[c]);
         eval.add_context(w.first(std::size_t(context)), w.subspan(std::size_t(context)), [&](std::size_t i) {
           const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -131,6 +164,10 @@ int main(int argc, char** argv) {
         });
       }
       std::fprintf(stderr, "\n");
+      if (keep_sets.is_open()) {
+        keep_sets.close();
+        DC_CHECK(keep_sets, "--keep-sets: writing '", keep_sets_path, "' failed");
+      }
 
       std::ofstream csv;
       if (!csv_path.empty()) {

@@ -180,6 +180,7 @@ dc::TokenFeatures fixed_features(int groups = 1) {
       f.accumulated_mass.push_back(float((v * 5) % 13));
       f.last_query_mass.push_back(float((v * 3) % 17) / 16.0f);
       f.key_norm.push_back(float((v * 11) % 19));
+      f.expected_attention.push_back(0.0f);
     }
     f.size += 20;
   }
@@ -593,4 +594,98 @@ TEST_CASE("EvictingDecoder at head granularity: per-head sets, exact bytes; TOVA
   for (int l = 0; l < L; ++l) CHECK(per_layer.cache().heads_share_slots(l));
   CHECK(dc::parse_granularity("head") == dc::Granularity::head);
   CHECK_THROWS_WITH_AS(dc::parse_granularity("token"), doctest::Contains("unknown granularity 'token'"), dc::Error);
+}
+
+TEST_CASE("expected attention equals a naive double-precision computation from the queries") {
+  // kvpress's ExpectedAttentionPress, written out: queries (before RoPE) of positions >= 4 give a
+  // mean and covariance per head; the mean rotation R over the next F positions maps them to
+  // mu' = R mu, C' = R C R^T; a key's logit is mu'.k/sqrt(d) + k'C'k/(2d); softmax over the
+  // non-sink keys, mean over the KV group's heads, times ||v||.
+  dc::HfModel m = dc::load_hf_model(kFixtures + "/tiny_mistral");
+  const dc::HostWeights w = dc::load_hf_model(kFixtures + "/tiny_mistral").weights;
+  const dc::ModelConfig cfg = m.config;
+  dc::Transformer<dc::cpu> model(cfg, std::move(m.weights), 5);
+  const auto tokens = fixture_tokens("tiny_mistral");
+  std::vector<std::int32_t> ids(tokens.begin(), tokens.end());
+  const int n = 20, sinks = 4, future = 16;
+  auto cache = model.make_cache(n);
+  cache.collect_queries({sinks, future}, cfg.rope_theta);
+  model.forward(std::span(ids).first(n), cache);
+  const auto f = dc::gather_features(model.context(), cache, dc::Granularity::head);
+  REQUIRE(f.has_expected_attention);
+  const std::vector<int> seq(tokens.begin(), tokens.begin() + n);
+  const auto ref = dc_test::reference_forward(cfg, w, seq, [](int, int) { return true; });
+  const int H = cfg.num_heads, KV = cfg.num_kv_heads, G = H / KV, d = cfg.head_dim;
+  double worst = 0.0;
+  for (int l = 0; l < cfg.num_layers; ++l)
+    for (int g = 0; g < KV; ++g) {
+      std::vector<double> mass(std::size_t(n), 0.0);
+      for (int h = g * G; h < (g + 1) * G; ++h) {
+        std::vector<double> mu(std::size_t(d), 0.0), cov(std::size_t(d) * d, 0.0);
+        for (int t = sinks; t < n; ++t)
+          for (int i = 0; i < d; ++i) mu[std::size_t(i)] += ref.queries[std::size_t(l)][std::size_t(t)][std::size_t(h * d + i)] / (n - sinks);
+        for (int t = sinks; t < n; ++t)
+          for (int i = 0; i < d; ++i)
+            for (int j = 0; j < d; ++j) {
+              const auto& q = ref.queries[std::size_t(l)][std::size_t(t)];
+              cov[std::size_t(i * d + j)] += (q[std::size_t(h * d + i)] - mu[std::size_t(i)]) *
+                                             (q[std::size_t(h * d + j)] - mu[std::size_t(j)]) / (n - sinks);
+            }
+        // R as a dense matrix: the mean over positions n..n+future-1 of the RoPE rotation.
+        std::vector<double> R(std::size_t(d) * d, 0.0);
+        for (int p = n; p < n + future; ++p)
+          for (int i = 0; i < d / 2; ++i) {
+            const double a = p / std::pow(double(cfg.rope_theta), 2.0 * i / d);
+            R[std::size_t(i * d + i)] += std::cos(a) / future;
+            R[std::size_t((i + d / 2) * d + i + d / 2)] += std::cos(a) / future;
+            R[std::size_t(i * d + i + d / 2)] -= std::sin(a) / future;
+            R[std::size_t((i + d / 2) * d + i)] += std::sin(a) / future;
+          }
+        std::vector<double> mu2(std::size_t(d), 0.0), rc(std::size_t(d) * d, 0.0), c2(std::size_t(d) * d, 0.0);
+        for (int i = 0; i < d; ++i)
+          for (int j = 0; j < d; ++j) {
+            mu2[std::size_t(i)] += R[std::size_t(i * d + j)] * mu[std::size_t(j)];
+            for (int k = 0; k < d; ++k) rc[std::size_t(i * d + j)] += R[std::size_t(i * d + k)] * cov[std::size_t(k * d + j)];
+          }
+        for (int i = 0; i < d; ++i)
+          for (int j = 0; j < d; ++j)
+            for (int k = 0; k < d; ++k) c2[std::size_t(i * d + j)] += rc[std::size_t(i * d + k)] * R[std::size_t(j * d + k)];
+        std::vector<double> z(std::size_t(n), 0.0);
+        double zmax = -1e300, sum = 0.0;
+        for (int t = sinks; t < n; ++t) {
+          const auto& k = ref.keys[std::size_t(l)][std::size_t(t)];
+          double lin = 0.0, quad = 0.0;
+          for (int i = 0; i < d; ++i) {
+            lin += mu2[std::size_t(i)] * k[std::size_t(g * d + i)];
+            for (int j = 0; j < d; ++j) quad += k[std::size_t(g * d + i)] * c2[std::size_t(i * d + j)] * k[std::size_t(g * d + j)];
+          }
+          z[std::size_t(t)] = lin / std::sqrt(double(d)) + quad / (2.0 * d);
+          zmax = std::max(zmax, z[std::size_t(t)]);
+        }
+        for (int t = sinks; t < n; ++t) sum += std::exp(z[std::size_t(t)] - zmax);
+        for (int t = sinks; t < n; ++t) mass[std::size_t(t)] += std::exp(z[std::size_t(t)] - zmax) / sum / G;
+      }
+      const int group = l * KV + g;
+      const auto& grp = f.groups[std::size_t(group)];
+      double best = 0.0;
+      for (int t = sinks; t < n; ++t) {
+        const double want = mass[std::size_t(t)] * ref.value_norm[std::size_t(l)][std::size_t(g)][std::size_t(t)];
+        best = std::max(best, want);
+        const double got = f.expected_attention[std::size_t(grp.row_begin + t)];
+        worst = std::max(worst, std::fabs(got - want) / want);
+      }
+      for (int t = 0; t < sinks; ++t)  // sinks carry the head's largest score
+        CHECK(f.expected_attention[std::size_t(grp.row_begin + t)] == doctest::Approx(best).epsilon(1e-4));
+    }
+  MESSAGE("expected attention: worst relative error " << worst);
+  CHECK(worst < 1e-4);
+
+  // The policy keeps the sinks and the top of the score; without statistics it refuses.
+  dc::ExpectedAttentionPolicy policy(sinks, future);
+  std::vector<float> s(std::size_t(f.size));
+  policy.score(f, 8, s);
+  CHECK(s[0] == INFINITY);
+  const auto plain = dc::gather_features(model.context(), model.make_cache(4), dc::Granularity::head);
+  std::vector<float> none;
+  CHECK_THROWS_WITH_AS(policy.score(plain, 1, none), doctest::Contains("no expected attention"), dc::Error);
 }

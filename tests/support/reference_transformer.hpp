@@ -18,6 +18,8 @@ struct ReferenceRun {
   std::vector<std::vector<std::vector<std::vector<double>>>> probs;
   std::vector<std::vector<std::vector<double>>> value_norm;  // [layer][kv_head][position]
   std::vector<std::vector<std::vector<double>>> key_norm;    // after RoPE
+  std::vector<std::vector<std::vector<double>>> queries;  // [layer][position][heads*hd], before RoPE
+  std::vector<std::vector<std::vector<double>>> keys;     // [layer][position][kv_heads*hd], after RoPE
 };
 
 // visible(layer, kv_head, q, k): may query position q attend to key position k through that KV
@@ -74,8 +76,12 @@ inline ReferenceRun reference_forward(const dc::ModelConfig& c, const dc::HostWe
       q[std::size_t(t)] = matvec(L.wq, xn);
       k[std::size_t(t)] = matvec(L.wk, xn);
       v[std::size_t(t)] = matvec(L.wv, xn);
+      run.queries.resize(std::size_t(c.num_layers));
+      run.queries[std::size_t(l)].push_back(q[std::size_t(t)]);
       rope(q[std::size_t(t)], H, t);
       rope(k[std::size_t(t)], KV, t);
+      run.keys.resize(std::size_t(c.num_layers));
+      run.keys[std::size_t(l)].push_back(k[std::size_t(t)]);
       for (int g = 0; g < KV; ++g) {
         double kk = 0, vv = 0;
         for (int i = 0; i < hd; ++i) {

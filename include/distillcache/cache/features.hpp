@@ -31,6 +31,7 @@
 #include "../core/copy.hpp"
 #include "../core/finite.hpp"
 #include "../math/features.hpp"
+#include "expected_attention.hpp"
 #include "kv_cache.hpp"
 
 namespace dc {
@@ -88,6 +89,10 @@ struct TokenFeatures {
   std::vector<float> accumulated_mass;  // sum over covered layers, heads and observed queries (H2O)
   std::vector<float> last_query_mass;   // newest observed query's mass, mean over covered heads/layers (TOVA)
   std::vector<float> key_norm;          // ||k||_2, mean over covered layers and KV heads (KNorm)
+  // Expected attention of future queries (cache/expected_attention.hpp), mean over covered layers
+  // and KV heads; only when the cache collected query statistics (zeros otherwise).
+  bool has_expected_attention = false;
+  std::vector<float> expected_attention;
 
   int num_groups() const { return int(groups.size()); }
   float feature(int row, Feature f) const {
@@ -109,7 +114,8 @@ struct TokenFeatures {
         {"position", position.size()},
         {"accumulated_mass", accumulated_mass.size()},
         {"last_query_mass", last_query_mass.size()},
-        {"key_norm", key_norm.size()}};
+        {"key_norm", key_norm.size()},
+        {"expected_attention", expected_attention.size()}};
     for (const auto& [name, n] : columns)
       DC_CHECK(n == std::size_t(size), "features: '", name, "' has ", n, " entries for ", size,
                " rows");
@@ -134,6 +140,7 @@ struct TokenFeatures {
     check_all_finite(accumulated_mass, "features: 'accumulated_mass'");
     check_all_finite(last_query_mass, "features: 'last_query_mass'");
     check_all_finite(key_norm, "features: 'key_norm'");
+    check_all_finite(expected_attention, "features: 'expected_attention'");
   }
 };
 
@@ -141,8 +148,10 @@ namespace detail {
 
 // Appends the rows of one group covering layers [l0, l1) and KV heads [h0, h1), which must all
 // hold the same slots; stats[l] is layer l's block copied to the host as [kv_heads, rows, n]
-// (n = the layer's length: the valid slots only).
+// (n = the layer's length: the valid slots only), expected[l] its expected attention
+// [kv_heads, n] (empty without query statistics).
 inline void append_group_rows(TokenFeatures& f, const std::vector<std::vector<float>>& stats,
+                              const std::vector<std::vector<float>>& expected,
                               const std::vector<std::int32_t>& positions, int l0, int l1, int h0,
                               int h1, int group_size) {
   const int n = int(positions.size()), rows_per_head = stat_rows_per_kv_head(group_size);
@@ -154,7 +163,7 @@ inline void append_group_rows(TokenFeatures& f, const std::vector<std::vector<fl
   std::vector<float> head_mass(static_cast<std::size_t>(query_heads));
   for (int i = 0; i < n; ++i) {
     float mass = 0.0f, entropy_mass = 0.0f, queries = 0.0f, value_norm = 0.0f, key_norm = 0.0f,
-          last = 0.0f;
+          last = 0.0f, expected_mass = 0.0f;
     std::fill(head_mass.begin(), head_mass.end(), 0.0f);
     for (int l = l0; l < l1; ++l) {
       for (int h = h0; h < h1; ++h) {
@@ -165,6 +174,7 @@ inline void append_group_rows(TokenFeatures& f, const std::vector<std::vector<fl
         value_norm += at(kStatValueNorm);
         key_norm += at(kStatKeyNorm);
         last += at(kStatLastMass);
+        if (f.has_expected_attention) expected_mass += expected[std::size_t(l)][std::size_t(h) * stride + i];
         for (int q = 0; q < group_size; ++q)
           head_mass[std::size_t((h - h0) * group_size + q)] += at(kStatHeadMass + q);
       }
@@ -190,6 +200,7 @@ inline void append_group_rows(TokenFeatures& f, const std::vector<std::vector<fl
     f.accumulated_mass.push_back(mass);
     f.last_query_mass.push_back(last / float(l1 - l0) / float(query_heads));
     f.key_norm.push_back(key_norm / covered);
+    f.expected_attention.push_back(expected_mass / covered);
   }
   f.size += n;
 }
@@ -225,20 +236,31 @@ TokenFeatures gather_features(const Context<B>& ctx, const KVCache<B>& cache,
     for (std::size_t r = 0; r < block; ++r)
       copy_to_host(ctx, stats[std::size_t(l)].data() + r * n, cache.stats(l) + std::int64_t(r) * cap, n);
   }
+  std::vector<std::vector<float>> expected(static_cast<std::size_t>(layers));
+  f.has_expected_attention = cache.collecting_queries();
+  if (f.has_expected_attention)
+    for (int l = 0; l < layers; ++l) {
+      const std::size_t n = std::size_t(cache.length(l));
+      std::vector<float> value_norm(std::size_t(kv_heads) * n);
+      for (int h = 0; h < kv_heads; ++h)
+        std::copy_n(stats[std::size_t(l)].data() + (std::size_t(h) * cache.stat_rows() + kStatValueNorm) * n, n,
+                    value_norm.data() + std::size_t(h) * n);
+      expected[std::size_t(l)] = expected_attention(ctx, cache, l, value_norm);
+    }
   switch (granularity) {
     case Granularity::shared:
-      detail::append_group_rows(f, stats, cache.host_positions(0), 0, layers, 0, kv_heads,
+      detail::append_group_rows(f, stats, expected, cache.host_positions(0), 0, layers, 0, kv_heads,
                                 group_size);
       break;
     case Granularity::layer:
       for (int l = 0; l < layers; ++l)
-        detail::append_group_rows(f, stats, cache.host_positions(l), l, l + 1, 0, kv_heads,
+        detail::append_group_rows(f, stats, expected, cache.host_positions(l), l, l + 1, 0, kv_heads,
                                   group_size);
       break;
     case Granularity::head:
       for (int l = 0; l < layers; ++l)
         for (int h = 0; h < kv_heads; ++h)
-          detail::append_group_rows(f, stats, cache.host_positions(l, h), l, l + 1, h, h + 1,
+          detail::append_group_rows(f, stats, expected, cache.host_positions(l, h), l, l + 1, h, h + 1,
                                     group_size);
       break;
   }

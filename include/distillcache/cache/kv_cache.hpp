@@ -23,12 +23,14 @@
 #include <algorithm>
 #include <cstdint>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 #include "../core/copy.hpp"
 #include "../core/tensor.hpp"
 #include "../cpu/kv.hpp"
 #include "../math/features.hpp"
+#include "query_statistics.hpp"
 
 namespace dc {
 
@@ -126,6 +128,26 @@ class KVCache {
   int observed_from() const { return observed_from_; }
   bool observing(int position) const { return observed_from_ != kNever && position >= observed_from_; }
 
+  // Query statistics (cache/query_statistics.hpp), off by default: collect_queries(spec, theta)
+  // makes the transformer add every query at positions >= spec.from; clear() zeroes them.
+  void collect_queries(QueryStatisticsSpec spec, float rope_theta) {
+    if (spec.active()) queries_.start(spec, rope_theta, layers_, heads_, head_dim_);
+    else queries_.stop();
+  }
+  bool collecting_queries() const { return queries_.active(); }
+  const QueryStatistics& query_statistics() const { return queries_; }
+  // Adds layer l's queries q [n, heads*head_dim] (backend-resident, before RoPE) of the tokens
+  // in slots [first, first + n), as the transformer computes them.
+  void add_queries(const Context<B>& ctx, int layer, const float* q, int first, int n) {
+    const float* host = q;
+    if constexpr (std::is_same_v<B, cuda>) {
+      query_scratch_.resize(std::size_t(n) * heads_ * head_dim_);
+      copy_to_host(ctx, query_scratch_.data(), q, query_scratch_.size());
+      host = query_scratch_.data();
+    }
+    queries_.add(layer, host, host_positions(layer, 0).data() + first, n);
+  }
+
   // Claims n slots at the end of every KV head of every layer for tokens at positions
   // next_position()..; the caller (the transformer) writes their K/V and statistics.
   void append(const Context<B>& ctx, int n) {
@@ -216,6 +238,7 @@ class KVCache {
     }
     next_position_ = other.next_position_;
     observed_from_ = other.observed_from_;
+    queries_ = other.queries_;
   }
 
   // Drops slots [length, length(l)) of every layer and head, e.g. to rewind a benchmark step.
@@ -235,6 +258,7 @@ class KVCache {
     for (auto& pos : host_positions_) pos.clear();
     next_position_ = 0;
     for (auto& s : stats_) s.buffer().fill_zero();
+    queries_.reset();
   }
 
   // Bytes held by the slots in use, and by the whole reservation: K, V, positions, statistics.
@@ -277,6 +301,8 @@ class KVCache {
   std::vector<std::vector<std::int32_t>> host_positions_;  // [layers * kv_heads]
   std::vector<int> last_append_;
   std::vector<std::int32_t> repeated_;  // compact_layer's keep-set repeated per head
+  QueryStatistics queries_;
+  std::vector<float> query_scratch_;  // host copy of a chunk's queries (CUDA)
 };
 
 }  // namespace dc

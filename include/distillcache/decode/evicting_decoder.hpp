@@ -53,6 +53,7 @@ class EvictingDecoder {
              max_prompt_);
     cache_.clear();
     cache_.set_observed_from(policy_.observation_start(n));
+    cache_.collect_queries(policy_.query_statistics(), model_.config().rope_theta);
     model_.forward(prompt, cache_, std::span<float>(logits_));
     return compress_prompt(n);
   }
@@ -68,6 +69,10 @@ class EvictingDecoder {
              "EvictingDecoder: the prefilled cache observed queries from position ",
              prefilled.observed_from(), ", policy '", policy_.name(), "' needs ",
              policy_.observation_start(n));
+    DC_CHECK(prefilled.query_statistics().spec() == policy_.query_statistics(),
+             "EvictingDecoder: the prefilled cache's query statistics (from position ",
+             prefilled.query_statistics().spec().from, ") are not what policy '", policy_.name(),
+             "' needs (from position ", policy_.query_statistics().from, ")");
     DC_CHECK(logits.size() == logits_.size(), "EvictingDecoder: logits of ", logits.size(),
              " entries, vocabulary ", logits_.size());
     cache_.copy_from(model_.context(), prefilled);

@@ -3,11 +3,12 @@
 // budget) pair (students) are teacher-forced on the same continuation, and every step's
 // next-token distributions are compared (eval/metrics.hpp).
 //
-// The prompt is prefilled once per distinct observation window and the resulting cache copied
-// into each student (EvictingDecoder::adopt_prefill), so adding policies costs decode steps,
-// not prefills. Step 0 predicts the first continuation token from the prompt's own logits, which
+// The prompt is prefilled once per distinct observation window (and query statistics) and the
+// resulting cache copied into each student (EvictingDecoder::adopt_prefill), so adding policies
+// costs decode steps, not prefills. Step 0 predicts the first continuation token from the prompt's own logits, which
 // eviction after prefill cannot change; later steps see the compressed cache.
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <span>
@@ -46,24 +47,28 @@ class FidelityEvaluator {
     DC_CHECK(n > 0 && steps > 0, "fidelity: empty prompt or continuation");
     const std::size_t vocab = std::size_t(model_.config().vocab_size);
 
-    // One prefill per observation start.
-    std::map<int, std::pair<KVCache<B>, std::vector<float>>> prefilled;
+    // One prefill per (observation start, query statistics) the policies ask for.
+    auto key = [&](const EvictionPolicy& p) {
+      return std::make_pair(p.observation_start(n), p.query_statistics().from);
+    };
+    std::map<std::pair<int, int>, std::pair<KVCache<B>, std::vector<float>>> prefilled;
     FullCachePolicy full;
     std::vector<EvictionPolicy*> all = policies_;
     all.push_back(&full);
     for (EvictionPolicy* p : all) {
-      const int start = p->observation_start(n);
-      if (prefilled.count(start)) continue;
+      if (prefilled.count(key(*p))) continue;
       auto cache = model_.make_cache(n);
-      cache.set_observed_from(start);
+      cache.set_observed_from(p->observation_start(n));
+      cache.collect_queries(p->query_statistics(), model_.config().rope_theta);
       auto logits = model_.forward(prompt, cache);
-      prefilled.emplace(start, std::make_pair(std::move(cache), std::move(logits)));
+      prefilled.emplace(key(*p), std::make_pair(std::move(cache), std::move(logits)));
     }
     auto run = [&](EvictionPolicy& policy, const Budget& budget, Granularity granularity,
-                   std::vector<float>& rows) {
+                   std::vector<float>& rows, const std::size_t* student) {
       EvictingDecoder<B, W> dec(model_, policy, budget, mode_, n, steps, granularity);
-      const auto& [cache, logits] = prefilled.at(policy.observation_start(n));
+      const auto& [cache, logits] = prefilled.at(key(policy));
       auto out = dec.adopt_prefill(cache, logits);
+      if (student && on_compressed_) on_compressed_(*student, dec.cache());
       rows.assign(out.begin(), out.end());
       for (int t = 1; t < steps; ++t) {
         out = dec.step(continuation[std::size_t(t - 1)]);
@@ -72,19 +77,25 @@ class FidelityEvaluator {
     };
 
     std::vector<float> teacher, student;
-    run(full, Budget::of_fraction(1.0), Granularity::shared, teacher);
+    run(full, Budget::of_fraction(1.0), Granularity::shared, teacher, nullptr);
     for (std::size_t p = 0; p < policies_.size(); ++p)
       for (std::size_t g = 0; g < granularities_.size(); ++g)
         for (std::size_t b = 0; b < budgets_.size(); ++b) {
           const std::size_t i = index(p, g, b);
           progress(i);
-          run(*policies_[p], budgets_[b], granularities_[g], student);
+          run(*policies_[p], budgets_[b], granularities_[g], student, &i);
           for (int s = 0; s < steps; ++s)
             totals_[i].add(std::span<const float>(teacher).subspan(std::size_t(s) * vocab, vocab),
                            std::span<const float>(student).subspan(std::size_t(s) * vocab, vocab),
                            continuation[std::size_t(s)]);
         }
     ++contexts_;
+  }
+
+  // Called with the student's index (index(p, g, b)) and its cache right after the prompt's
+  // compression: lets a caller record the keep-sets (examples/eval --keep-sets).
+  void on_compressed(std::function<void(std::size_t, const KVCache<B>&)> observer) {
+    on_compressed_ = std::move(observer);
   }
 
   const std::vector<FidelityTotals>& totals() const { return totals_; }
@@ -106,6 +117,7 @@ class FidelityEvaluator {
   EvictionMode mode_;
   std::vector<Granularity> granularities_;
   std::vector<FidelityTotals> totals_;
+  std::function<void(std::size_t, const KVCache<B>&)> on_compressed_;
   int contexts_ = 0;
 };
 

@@ -179,6 +179,7 @@ class Transformer {
       // Attention block: x += Wo * attention(rope(Wq xn), rope(Wk xn), Wv xn).
       rmsnorm(ctx_, xn, x, L.attn_norm.data(), n, d, cfg_.rms_eps);
       matmul(ctx_, q, xn, L.wq.data(), n, d, qd);
+      if (cache.collecting_queries()) cache.add_queries(ctx_, l, q, first, n);  // before RoPE
       matmul(ctx_, k, xn, L.wk.data(), n, d, kvd);
       matmul(ctx_, v, xn, L.wv.data(), n, d, kvd);
       rope(ctx_, q, k, query_pos, n, cfg_.num_heads, cfg_.num_kv_heads, cfg_.head_dim,

@@ -17,7 +17,8 @@ namespace dc {
 // each follows the rule of the corresponding kvpress press (kvpress keeps per-(layer, KV head)
 // sets): observed = ObservedAttentionPress, snapkv = SnapKVPress (window 64, kernel 5, average
 // pooling), tova = TOVAPress (per layer: it averages over all heads of a layer), knorm =
-// KnormPress, streaming = StreamingLLMPress, random = RandomPress.
+// KnormPress, streaming = StreamingLLMPress, random = RandomPress, expected =
+// ExpectedAttentionPress.
 
 // full: keeps everything; the reference every other policy is measured against.
 class FullCachePolicy final : public EvictionPolicy {
@@ -148,8 +149,31 @@ class KNormPolicy final : public EvictionPolicy {
   }
 };
 
+// expected: the attention future queries are expected to pay each key, from the mean and
+// covariance of the prompt's queries rotated to the next 512 positions, times ||v||; the first 4
+// tokens (sinks) are kept and left out of the statistics (kvpress's ExpectedAttentionPress, its
+// recommended default; cache/expected_attention.hpp).
+class ExpectedAttentionPolicy final : public EvictionPolicy {
+ public:
+  explicit ExpectedAttentionPolicy(int sinks = 4, int future_positions = 512)
+      : sinks_(sinks), future_positions_(future_positions) {}
+  std::string name() const override { return "expected"; }
+  int observation_window() const override { return 1; }  // reads no attention statistics
+  QueryStatisticsSpec query_statistics() const override { return {sinks_, future_positions_}; }
+  void score_slots(const TokenFeatures& f, int, std::span<float> s) override {
+    DC_CHECK(f.has_expected_attention, "policy 'expected': the features carry no expected "
+             "attention (the cache did not collect query statistics)");
+    for (int i = 0; i < f.size; ++i)
+      s[std::size_t(i)] =
+          f.position[std::size_t(i)] < sinks_ ? INFINITY : f.expected_attention[std::size_t(i)];
+  }
+
+ private:
+  int sinks_, future_positions_;
+};
+
 inline std::vector<std::string> baseline_policy_names() {
-  return {"full", "random", "streaming", "h2o", "observed", "snapkv", "tova", "knorm"};
+  return {"full", "random", "streaming", "h2o", "observed", "snapkv", "tova", "knorm", "expected"};
 }
 
 // Makes a baseline by name; dc::Error lists the known names otherwise.
@@ -163,7 +187,8 @@ inline std::unique_ptr<EvictionPolicy> make_baseline_policy(const std::string& n
   if (name == "snapkv") return std::make_unique<SnapKVPolicy>();
   if (name == "tova") return std::make_unique<TOVAPolicy>();
   if (name == "knorm") return std::make_unique<KNormPolicy>();
-  DC_FAIL("unknown policy '", name, "' (known: full, random, streaming, h2o, observed, snapkv, tova, knorm)");
+  if (name == "expected") return std::make_unique<ExpectedAttentionPolicy>();
+  DC_FAIL("unknown policy '", name, "' (known: full, random, streaming, h2o, observed, snapkv, tova, knorm, expected)");
 }
 
 }  // namespace dc

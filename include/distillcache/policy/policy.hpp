@@ -29,6 +29,8 @@ class EvictionPolicy {
     const int window = observation_window();
     return window <= 0 ? 0 : std::max(0, n - window);
   }
+  // Query statistics the policy reads (TokenFeatures::expected_attention); none by default.
+  virtual QueryStatisticsSpec query_statistics() const { return {}; }
   // The finest keep-set granularity the policy's rule is defined at; a finer request is served
   // at this one (e.g. TOVA averages the newest query's attention over all heads of a layer).
   virtual Granularity finest_granularity() const { return Granularity::head; }
