@@ -227,10 +227,13 @@ TEST_CASE("each baseline keeps what a straightforward reference keeps") {
   for (int i = 0; i < 20; ++i) {
     double pooled = 0;
     for (int j = i - 1; j <= i + 1; ++j)
-      if (j >= 0 && j < 20) pooled += f.feature(j, dc::Feature::alpha);
+      if (j >= 0 && j < 16) pooled += f.feature(j, dc::Feature::alpha);  // the window is not pooled
     key[std::size_t(i)] = i >= 16 ? 1e9 : pooled / 3;
   }
   CHECK(keep_of(snapkv, f, B) == top_by(key, B));
+  std::vector<float> snap_scores(20);
+  snapkv.score(f, B, snap_scores);  // the key before the window pools zeros from the window side
+  CHECK(snap_scores[15] == doctest::Approx((f.feature(14, dc::Feature::alpha) + f.feature(15, dc::Feature::alpha)) / 3));
 
   dc::ObservedAttentionPolicy observed;  // mean attention received, no recent window
   for (int i = 0; i < 20; ++i) key[std::size_t(i)] = f.feature(i, dc::Feature::alpha);
@@ -543,8 +546,8 @@ TEST_CASE("grouped selection: each group keeps its own top-B; SnapKV pools insid
     CHECK(h2o_sets[std::size_t(g)] == top_by(key, B));
     for (int i = 0; i < 20; ++i) {
       double pooled = 0;
-      for (int j = i - 1; j <= i + 1; ++j)  // zero padding at the group's own edges
-        if (j >= 0 && j < 20) pooled += f.feature(base + j, dc::Feature::alpha);
+      for (int j = i - 1; j <= i + 1; ++j)  // zero padding at the group's edges and the window
+        if (j >= 0 && j < 16) pooled += f.feature(base + j, dc::Feature::alpha);
       key[std::size_t(i)] = i >= 16 ? 1e9 : pooled / 3;
     }
     CHECK(snap_sets[std::size_t(g)] == top_by(key, B));

@@ -94,26 +94,30 @@ class ObservedAttentionPolicy final : public EvictionPolicy {
   }
 };
 
-// snapkv: attention of an observation window of the last W prompt queries, average-pooled over
-// neighbouring positions of the same group, top-B; the window itself is kept (SnapKV, Li et
-// al. 2024; W 64, kernel 5 and average pooling as in kvpress).
+// snapkv: attention of an observation window of the last W prompt queries to the keys before
+// the window, average-pooled over neighbouring positions of the same group, top-B; the window
+// itself is kept (SnapKV, Li et al. 2024; W 64, kernel 5 and average pooling as in kvpress). The
+// pooling sees only the keys before the window, zero-padded at both ends, as kvpress pools its
+// [L - W] score array: the window's own attention never leaks into its neighbours' scores.
 class SnapKVPolicy final : public EvictionPolicy {
  public:
   explicit SnapKVPolicy(int window = 64, int kernel = 5) : window_(window), kernel_(kernel) {}
   std::string name() const override { return "snapkv"; }
   int observation_window() const override { return window_; }
   void score_slots(const TokenFeatures& f, int, std::span<float> s) override {
-    // A group's rows are in position order: pool over row neighbours inside the group.
+    // A group's rows are in position order: pool over row neighbours inside the group that lie
+    // before the window.
     const int half = kernel_ / 2;
+    auto in_window = [&](int row) { return f.position[std::size_t(row)] > f.latest_position - window_; };
     for (const FeatureGroup& g : f.groups)
       for (int i = g.row_begin; i < g.row_end; ++i) {
-        if (f.position[std::size_t(i)] > f.latest_position - window_) {
+        if (in_window(i)) {
           s[std::size_t(i)] = INFINITY;
           continue;
         }
         float sum = 0.0f;
         for (int j = std::max(g.row_begin, i - half); j <= std::min(g.row_end - 1, i + half); ++j)
-          sum += f.feature(j, Feature::alpha);
+          if (!in_window(j)) sum += f.feature(j, Feature::alpha);
         s[std::size_t(i)] = sum / float(kernel_);  // zero padding at the edges, as avg_pool1d
       }
   }
