@@ -26,6 +26,13 @@ inline void fill_cache(dc::KVCache<dc::cpu>& cache, int context) {
       cache.keys(l)[i] = float(s >> 40) * 0x1p-24f - 0.5f;
       cache.values(l)[i] = float(s >> 41) * 0x1p-23f - 0.5f;
     }
+    // Statistics differ per KV head and slot, so per-head policies choose different keep-sets
+    // (with all-equal statistics every head would pick the same slots and compaction less).
+    const std::size_t rows = std::size_t(cache.num_kv_heads()) * cache.stat_rows() * cache.capacity();
+    for (std::size_t i = 0; i < rows; ++i) {
+      s = s * 6364136223846793005ull + 1442695040888963407ull;
+      cache.stats(l)[i] = float(s >> 40) * 0x1p-24f;
+    }
   }
 }
 

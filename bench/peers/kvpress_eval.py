@@ -33,7 +33,15 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 import kvpress
-from kvpress import KnormPress, ObservedAttentionPress, SnapKVPress, StreamingLLMPress, TOVAPress
+from kvpress import (
+    ExpectedAttentionPress,
+    KnormPress,
+    ObservedAttentionPress,
+    RandomPress,
+    SnapKVPress,
+    StreamingLLMPress,
+    TOVAPress,
+)
 from kvpress.presses.base_press import BasePress
 
 # --------------------------------------------------------------------------------------------------
@@ -72,6 +80,15 @@ PRESSES = {
     "snapkv": (SnapKVPress, {"window_size": 64, "kernel_size": 5}, "sdpa"),
     "tova": (TOVAPress, {}, "sdpa"),
     "knorm": (KnormPress, {}, "sdpa"),
+    # ExpectedAttentionPress with kvpress 0.5.5's defaults (n_future_positions=512, n_sink=4,
+    # use_covariance=True, use_vnorm=True, epsilon=0). Its score() needs the attention module's input
+    # `hidden_states` (pre-RoPE queries via module.q_proj) and module.rotary_emb / config / head_dim;
+    # the shadow hook passes the layer's real kwargs, and shadow_presses sets rotary_emb as
+    # BasePress.__call__ does.
+    "expected": (ExpectedAttentionPress, {}, "sdpa"),
+    # RandomPress with a fixed seed. kvpress re-seeds its generator on every score() call, so every
+    # layer draws the same [kv_heads, L] scores (same keep set per KV head in all layers).
+    "random": (RandomPress, {"seed": 0}, "sdpa"),
 }
 
 
@@ -251,7 +268,8 @@ def main():
     ap.add_argument("--contexts", default="1024,2048", help="prompt lengths L, comma-separated")
     ap.add_argument("--continuation", type=int, default=32, help="continuation length T")
     ap.add_argument("--budgets", default="0.125,0.25,0.5", help="fractions of the prompt kept")
-    ap.add_argument("--presses", default="streaming,h2o,snapkv,tova,knorm")
+    ap.add_argument("--presses", default="streaming,h2o,snapkv,tova,knorm",
+                    help="comma-separated, from: " + ",".join(PRESSES))
     ap.add_argument("--max-contexts", type=int, default=8, help="windows per prompt length L")
     ap.add_argument("--out", default="bench/peers/results/kvpress_smollm2.csv")
     ap.add_argument("--threads", type=int, default=2)

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Dump kvpress's kept positions and scores per (layer, KV head) for SnapKVPress and KnormPress.
+"""Dump kvpress's kept positions and scores per (layer, KV head) for SnapKVPress and KnormPress
+(default), or any other sdpa-path press of kvpress_eval.PRESSES (e.g. --presses expected).
 
 Same model, windows, shim and shadow-cache path as kvpress_eval.py (imported from this folder): for
 each of the first --max-contexts windows of --text-dir (prompt L tokens, continuation T, the rule of
@@ -14,6 +15,7 @@ bit.
 Outputs (in --out-dir):
   kvpress_keep_sets_L{L}_b{budget}.csv  press,context,layer,kv_head,positions   (sorted, space-joined)
   kvpress_scores_L{L}_b{budget}.csv     press,context,layer,kv_head,scores      (L values, %.9g)
+(or the paths given by --keep-sets-out / --scores-out).
 context = window index 0..7 (as `window` in results/kvpress_smollm2_contexts.csv).
 
   OMP_NUM_THREADS=1 /opt/dcvenv/bin/python bench/peers/kvpress_keep_sets.py
@@ -61,6 +63,10 @@ def main():
     ap.add_argument("--contexts-csv", default="bench/peers/results/kvpress_smollm2_contexts.csv",
                     help="check each window's first 8 ids against this file ('' to skip)")
     ap.add_argument("--out-dir", default="bench/peers/results")
+    ap.add_argument("--keep-sets-out", default="",
+                    help="keep-set CSV path (default: OUT_DIR/kvpress_keep_sets_L{L}_b{budget}.csv)")
+    ap.add_argument("--scores-out", default="",
+                    help="scores CSV path (default: OUT_DIR/kvpress_scores_L{L}_b{budget}.csv)")
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
 
@@ -68,6 +74,8 @@ def main():
     L, T, b = args.context, args.continuation, args.budget
     names = args.presses.split(",")
     for n in names:
+        if n not in ke.PRESSES:
+            sys.exit(f"unknown press {n!r}; known: {','.join(ke.PRESSES)}")
         if ke.PRESSES[n][2] != "sdpa":
             sys.exit(f"press {n}: only sdpa-path presses are handled here")
     t0 = time.perf_counter()
@@ -91,10 +99,11 @@ def main():
                          f"{r['first_8_ids']})")
         log(f"{len(windows)} windows: first 8 ids, file and k match {args.contexts_csv}")
 
-    os.makedirs(args.out_dir, exist_ok=True)
     tag = f"L{L}_b{b:g}"
-    keep_path = os.path.join(args.out_dir, f"kvpress_keep_sets_{tag}.csv")
-    score_path = os.path.join(args.out_dir, f"kvpress_scores_{tag}.csv")
+    keep_path = args.keep_sets_out or os.path.join(args.out_dir, f"kvpress_keep_sets_{tag}.csv")
+    score_path = args.scores_out or os.path.join(args.out_dir, f"kvpress_scores_{tag}.csv")
+    for p in (keep_path, score_path):
+        os.makedirs(os.path.dirname(os.path.abspath(p)), exist_ok=True)
     n_kept_expected = compute_n_kept(L, 1.0 - b)
     keep_rows, score_rows = [], []
     n_layers = model.config.num_hidden_layers
