@@ -7,6 +7,7 @@ pairs each press with the distillcache policy that follows its rule, and prints 
 with both KLs, their difference and both top-1 agreements. Standard library only.
 
   python3 bench/peers/compare_kvpress.py --kvpress bench/peers/results/kvpress_smollm2.csv \
+      --kvpress bench/peers/results/kvpress_smollm2_expected.csv \
       --ours 1024=bench/results/eval_smollm2_L1024_prefill_head.csv \
       --ours 2048=bench/results/eval_smollm2_L2048_prefill_head.csv
 """
@@ -21,6 +22,7 @@ PAIRS = [
     ("snapkv", "snapkv"),  # SnapKVPress: window 64, kernel 5, average pooling
     ("tova", "tova"),  # TOVAPress: newest query, mean over a layer's heads
     ("knorm", "knorm"),  # KnormPress: lowest key norm
+    ("expected", "expected"),  # ExpectedAttentionPress: defaults (512 future positions, 4 sinks)
 ]
 
 
@@ -43,12 +45,14 @@ def read_ours(spec):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--kvpress", required=True)
+    ap.add_argument("--kvpress", action="append", required=True, help="a kvpress_eval.py CSV")
     ap.add_argument("--ours", action="append", required=True, help="L=path of an eval CSV")
     ap.add_argument("--tolerance", type=float, default=5e-4,
                     help="|KL difference| counted as agreement (three decimals)")
     args = ap.parse_args()
-    kvpress = read_kvpress(args.kvpress)
+    kvpress = {}
+    for path in args.kvpress:
+        kvpress.update(read_kvpress(path))
     ours = dict(read_ours(s) for s in args.ours)
 
     print("| press (kvpress) | distillcache | granularity | L | budget | KL kvpress | KL ours "
