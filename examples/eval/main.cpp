@@ -52,7 +52,7 @@ int main(int argc, char** argv) {
   app.add_option("--continuation", continuation, "teacher-forced tokens T")->check(integer_in(1, 1 << 16));
   app.add_option("--budget", budgets_arg, "kept fractions of the prompt, e.g. 0.125,0.25,0.5")
       ->check(number_list());
-  app.add_option("--policy", policies_arg, "policies: full,random,streaming,h2o,observed,snapkv,tova,knorm");
+  app.add_option("--policy", policies_arg, "policies: full,random,streaming,h2o,observed,snapkv,tova,knorm,expected");
   app.add_option("--max-contexts", max_contexts, "contexts to evaluate")->check(integer_in(1, 1 << 20));
   app.add_option("--mode", mode_arg, "prefill: compress once; decode: also evict while decoding")
       ->check(CLI::IsMember({"prefill", "decode"}));
