@@ -155,11 +155,9 @@ int main(int argc, char** argv) {
           const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
           const std::size_t done = c * per_context + i, total = windows.size() * per_context;
           const double eta = done ? secs * double(total - done) / double(done) : 0.0;
-          const std::size_t p = i / (granularities.size() * budgets.size());
-          const std::size_t g = i / budgets.size() % granularities.size();
+          const auto [p, ran_at, b] = name_of(i);
           std::fprintf(stderr, "\r[context %zu/%zu] %-10s %-6s budget %-6g %6.0f s, ETA %6.0f s ",
-                       c + 1, windows.size(), policy_names[p].c_str(),
-                       dc::granularity_name(granularities[g]), fractions[i % budgets.size()], secs, eta);
+                       c + 1, windows.size(), policy_names[p].c_str(), ran_at, fractions[b], secs, eta);
           std::fflush(stderr);
         });
       }

@@ -137,7 +137,9 @@ class KVCache {
   bool collecting_queries() const { return queries_.active(); }
   const QueryStatistics& query_statistics() const { return queries_; }
   // Adds layer l's queries q [n, heads*head_dim] (backend-resident, before RoPE) of the tokens
-  // in slots [first, first + n), as the transformer computes them.
+  // in slots [first, first + n), as the transformer computes them. On CUDA this copies the
+  // chunk's queries to the host: a round trip per layer and chunk, paid only while a policy
+  // (ExpectedAttention) asks for query statistics, and accumulated in double there.
   void add_queries(const Context<B>& ctx, int layer, const float* q, int first, int n) {
     const float* host = q;
     if constexpr (std::is_same_v<B, cuda>) {
