@@ -1,6 +1,7 @@
 // Eviction overhead on the CPU with the real SmolLM2-135M (fp32):
 //  - decode step with attention statistics on vs off, at contexts 1k to 8k;
-//  - one eviction (gather features + score + select + compact) at 25 % budget, per token of chunk;
+//  - one eviction (gather features + score + select + compact) at 25 % budget, per token of chunk,
+//    with H2O and with the learned MLP policy, and the scoring alone;
 //  - decode step time at a 25 % budget (evicting every 16 tokens) vs the full cache at 8k.
 //
 //   build/bench/bench_eviction --benchmark_out=bench/results/eviction_cpu.json --benchmark_out_format=json
@@ -19,8 +20,16 @@ void decode_with_statistics(benchmark::State& state) {
   dc_bench::run_decode(state, dc_bench::smollm2_model(1), int(state.range(1)));
 }
 
-// One eviction of a context down to 25 %: features, H2O scores, top-B, compaction. Arg 1: the
-// granularity (0 shared, 1 layer, 2 head: one keep-set per (layer, KV head)).
+// The learned policy's default shape (5 inputs, two hidden layers of 32), randomly initialised:
+// its cost does not depend on the weights.
+dc::MlpPolicy& learned_policy() {
+  static dc::MlpPolicy p = dc::MlpPolicy::initialised(dc::paper_policy_inputs(), {32, 32}, 1);
+  return p;
+}
+
+// One eviction of a context down to 25 %: features, scores, top-B, compaction. Arg 1: the
+// granularity (0 shared, 1 layer, 2 head: one keep-set per (layer, KV head)); arg 2: the policy
+// (0 H2O, 1 the learned MLP policy).
 void evict_once(benchmark::State& state) {
   const int context = int(state.range(0)), budget = context / 4;
   const auto granularity = dc::Granularity(state.range(1));
@@ -28,7 +37,8 @@ void evict_once(benchmark::State& state) {
   auto full = model.make_cache(context);
   dc_bench::fill_cache(full, context);
   auto cache = model.make_cache(context);
-  dc::H2OPolicy policy;
+  dc::H2OPolicy h2o;
+  dc::EvictionPolicy& policy = state.range(2) ? static_cast<dc::EvictionPolicy&>(learned_policy()) : h2o;
   std::vector<float> scores;
   for (auto _ : state) {
     state.PauseTiming();
@@ -42,6 +52,24 @@ void evict_once(benchmark::State& state) {
   // Decode-mode eviction runs once per chunk (16) tokens: the amortised per-token cost.
   state.counters["per_token_us_chunk16"] =
       benchmark::Counter(double(state.iterations()) * 16, benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+}
+
+// Scoring alone (the policy's share of an eviction) on the features of a filled cache at head
+// granularity. Arg 0: context; arg 1: policy (0 H2O, 1 the learned MLP).
+void score_only(benchmark::State& state) {
+  const int context = int(state.range(0));
+  auto& model = dc_bench::smollm2_model(1);
+  auto cache = model.make_cache(context);
+  dc_bench::fill_cache(cache, context);
+  const dc::TokenFeatures f = dc::gather_features(model.context(), cache, dc::Granularity::head);
+  dc::H2OPolicy h2o;
+  dc::EvictionPolicy& policy = state.range(1) ? static_cast<dc::EvictionPolicy&>(learned_policy()) : h2o;
+  std::vector<float> scores(std::size_t(f.size));
+  for (auto _ : state) {
+    policy.score(f, context / 4, scores);
+    benchmark::DoNotOptimize(scores.data());
+  }
+  state.counters["rows"] = double(f.size);
 }
 
 // Arg 0: 1 = evicting decoder at 25 % of 8k (B = 2048, chunk 16), 0 = full cache at 8k. Arg 1:
@@ -76,8 +104,9 @@ BENCHMARK(decode_with_statistics)
     ->ArgsProduct({{1024, 2048, 4096, 8191}, {0, 1}})
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(evict_once)
-    ->ArgsProduct({{1024, 2048, 4096, 8191}, {0, 1, 2}})
+    ->ArgsProduct({{1024, 2048, 4096, 8191}, {0, 1, 2}, {0, 1}})
     ->Unit(benchmark::kMicrosecond);
+BENCHMARK(score_only)->ArgsProduct({{1024, 8191}, {0, 1}})->Unit(benchmark::kMicrosecond);
 BENCHMARK(decode_budget_vs_full)
     ->Args({0, 0})
     ->Args({1, 0})

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Seeds the fuzz corpora: copies the small test fixtures and writes a few hand-made inputs.
 
-    python3 fuzz/make_seeds.py OUT_DIR     -> OUT_DIR/{gguf,safetensors,hf_config,tokenizer}/
+    python3 fuzz/make_seeds.py OUT_DIR     -> OUT_DIR/{gguf,safetensors,hf_config,tokenizer,policy_checkpoint}/
 
 Standard library only. Inputs larger than a target's -max_len (see scripts/fuzz.sh) are skipped:
 libFuzzer would only truncate them.
@@ -14,7 +14,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 FIX = ROOT / "tests" / "fixtures"
-MAX_LEN = {"gguf": 32768, "safetensors": 32768, "hf_config": 4096, "tokenizer": 4096}
+MAX_LEN = {"gguf": 32768, "safetensors": 32768, "hf_config": 4096, "tokenizer": 4096,
+           "policy_checkpoint": 16384}
 
 
 def put(out: Path, target: str, data: bytes, name: str = "") -> None:
@@ -210,12 +211,61 @@ def tokenizer_seeds(out: Path) -> None:
                 f"{vocabs[0]}_{c['name']}_decode")
 
 
+# ---- policy checkpoints --------------------------------------------------------------------
+
+def fnv1a64(b: bytes) -> int:
+    h = 0xCBF29CE484222325
+    for x in b:
+        h = ((h ^ x) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def policy(meta: dict, tensors: list, version: int = 1) -> bytes:
+    """A policy checkpoint (include/distillcache/io/policy_checkpoint.hpp); tensors: (name, floats),
+    laid out back to back."""
+    table, data = [], b""
+    for name, values in tensors:
+        table.append({"name": name, "shape": [len(values)], "offset": len(data)})
+        data += struct.pack(f"<{len(values)}f", *values)
+    text = json.dumps(dict(meta, tensors=table)).encode()
+    b = b"DCPOLICY" + struct.pack("<IQ", version, len(text)) + text + data
+    return b + struct.pack("<Q", fnv1a64(b))
+
+
+def mlp_params(inputs: int, hidden: list) -> int:
+    n, prev = 0, inputs
+    for h in hidden + [1]:
+        n, prev = n + (prev + 1) * h, h
+    return n
+
+
+def policy_checkpoint_seeds(out: Path) -> None:
+    features = ["alpha", "value_norm", "head_variance", "entropy", "position"]
+    for name, inputs, hidden, act, state, trainer in [
+        ("one_input", features[:1], [1], "relu", False, None),
+        ("tiny_tanh_adam", features[:2], [2], "tanh", True, {"step": 3}),
+        ("five_features", features, [8, 4], "silu", True,
+         {"step": 1200, "rng": {"seed": 7, "counter": 99}, "best_validation": -0.0625}),
+        ("unknown_features", ["foo", "bar.baz", "q:1/x-y"], [3], "silu", False, None),
+    ]:
+        n = mlp_params(len(inputs), hidden)
+        tensors = [("weights", [((i * 37) % 11 - 5) * 0.125 for i in range(n)])]
+        if state:
+            tensors += [("adam_m", [0.01] * n), ("adam_v", [1e-4] * n), ("empty", [])]
+        meta = {"feature_normalisation": "scale_free_v1", "inputs": inputs, "hidden": hidden,
+                "activation": act, "extra": {"command": "train --budget 0.25", "budgets": [0.1, 0.25]}}
+        if trainer is not None:
+            meta["trainer"] = trainer
+        put(out, "policy_checkpoint", policy(meta, tensors), name)
+
+
 def main() -> None:
     out = Path(sys.argv[1])
     gguf_seeds(out)
     safetensors_seeds(out)
     hf_config_seeds(out)
     tokenizer_seeds(out)
+    policy_checkpoint_seeds(out)
     for t in MAX_LEN:
         print(f"seeds: {t}: {len(list((out / t).iterdir()))} files")
 

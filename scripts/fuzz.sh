@@ -2,9 +2,9 @@
 # Builds the libFuzzer targets (fuzz/) with clang, seeds their corpora from tests/fixtures and
 # runs each target for a while.
 #
-#   bash scripts/fuzz.sh [SECONDS] [TARGET...]      default: 60 s each, all four targets
+#   bash scripts/fuzz.sh [SECONDS] [TARGET...]      default: 60 s each, all five targets
 #
-# Targets: gguf safetensors hf_config tokenizer. Environment:
+# Targets: gguf safetensors hf_config tokenizer policy_checkpoint. Environment:
 #   DC_FUZZ_JOBS=N     targets run N at a time (default 1; each is one process on one core)
 #   DC_FUZZ_BUILD=DIR  build directory (default fuzz/build; the corpora live in DIR/corpus)
 #   DC_SMOLLM2_GGUF    the SmolLM2 GGUF the tokenizer target loads (default: fetch_model.sh cache)
@@ -19,7 +19,7 @@ root=$(pwd)
 
 seconds=${1:-60}
 shift || true
-all_targets=(gguf safetensors hf_config tokenizer)
+all_targets=(gguf safetensors hf_config tokenizer policy_checkpoint)
 targets=("$@")
 [ ${#targets[@]} -eq 0 ] && targets=("${all_targets[@]}")
 for t in "${targets[@]}"; do
@@ -66,7 +66,7 @@ for t in "${targets[@]}"; do
   fi
 done
 
-declare -A max_len=([gguf]=32768 [safetensors]=32768 [hf_config]=4096 [tokenizer]=4096)
+declare -A max_len=([gguf]=32768 [safetensors]=32768 [hf_config]=4096 [tokenizer]=4096 [policy_checkpoint]=16384)
 
 run_target() {
   local t=$1 log="$build/logs/$1.log"

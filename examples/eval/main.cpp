@@ -52,7 +52,8 @@ int main(int argc, char** argv) {
   app.add_option("--continuation", continuation, "teacher-forced tokens T")->check(integer_in(1, 1 << 16));
   app.add_option("--budget", budgets_arg, "kept fractions of the prompt, e.g. 0.125,0.25,0.5")
       ->check(number_list());
-  app.add_option("--policy", policies_arg, "policies: full,random,streaming,h2o,observed,snapkv,tova,knorm,expected");
+  app.add_option("--policy", policies_arg, "policies: full,random,streaming,h2o,observed,snapkv,tova,knorm,expected,distillcache "
+                 "(the shipped learned policy),distillcache=PATH");
   app.add_option("--max-contexts", max_contexts, "contexts to evaluate")->check(integer_in(1, 1 << 20));
   app.add_option("--mode", mode_arg, "prefill: compress once; decode: also evict while decoding")
       ->check(CLI::IsMember({"prefill", "decode"}));
@@ -78,7 +79,7 @@ int main(int argc, char** argv) {
     std::vector<std::unique_ptr<dc::EvictionPolicy>> owned;
     std::vector<dc::EvictionPolicy*> policies;
     for (const auto& name : policy_names) {
-      owned.push_back(dc::make_baseline_policy(name, seed));
+      owned.push_back(dc::make_policy(name, seed, DC_SHIPPED_POLICY));
       policies.push_back(owned.back().get());
     }
     std::vector<dc::Granularity> granularities;

@@ -84,7 +84,8 @@ int main(int argc, char** argv) {
   app.add_option("--max-chunk", opt.max_chunk, "prefill chunk size")->check(integer_in(1, 8192));
   std::string granularity = "shared";
   app.add_option("--policy", opt.policy,
-                 "KV-cache eviction: full, random, streaming, h2o, observed, snapkv, tova, knorm, expected");
+                 "KV-cache eviction: full, random, streaming, h2o, observed, snapkv, tova, knorm, expected, "
+                 "distillcache (the shipped learned policy) or distillcache=PATH");
   app.add_option("--granularity", granularity,
                  "keep-sets: shared (one for the cache), layer (one per layer) or head (one per "
                  "layer and KV head)")

@@ -7,7 +7,7 @@
 #include <distillcache/io/hf_checkpoint.hpp>
 #include <distillcache/io/tokenizer.hpp>
 #include <distillcache/model/sampling.hpp>
-#include <distillcache/policy/baselines.hpp>
+#include <distillcache/policy/registry.hpp>
 #include <distillcache/cache/budget.hpp>
 #include <memory>
 
@@ -22,14 +22,14 @@ struct GenerateOptions {
   std::string device = "cpu";
   std::string dtype = "f32";  // weight storage: f32 or bf16
   int max_chunk = 64;
-  std::string policy = "full";  // eviction policy (baselines by name)
+  std::string policy = "full";  // eviction policy: a baseline, distillcache or distillcache=PATH
   double budget = 1.0;          // fraction of the prompt kept
   dc::Granularity granularity = dc::Granularity::shared;  // keep-set per cache, layer or KV head
 };
 
 // The eviction policy and budget the options ask for.
 inline std::unique_ptr<dc::EvictionPolicy> make_policy(const GenerateOptions& opt) {
-  return dc::make_baseline_policy(opt.policy, opt.seed);
+  return dc::make_policy(opt.policy, opt.seed, DC_SHIPPED_POLICY);
 }
 inline dc::Budget make_budget(const GenerateOptions& opt) { return dc::Budget::of_fraction(opt.budget); }
 

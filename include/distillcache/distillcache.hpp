@@ -30,3 +30,8 @@
 #include "policy/select.hpp"
 #include "eval/corpus.hpp"
 #include "eval/fidelity.hpp"
+#include "io/policy_checkpoint.hpp"
+#include "policy/mlp_policy.hpp"
+#include "policy/policy_inputs.hpp"
+#include "policy/registry.hpp"
+#include "rl/trainer.hpp"

@@ -3,8 +3,9 @@
 // One table drives the test: each row is a bad input, the call that receives it, and a phrase
 // its message must contain. docs/errors.md is this table with the messages of a real run:
 //   DC_ERROR_TABLE=1 build/tests/test_bad_input     (prints the markdown rows)
-// Hostile files are covered in depth by test_gguf, test_safetensors, test_hf_loader and the fuzz
-// regressions; the rows here are the representative cases a user meets first.
+// Hostile files are covered in depth by test_gguf, test_safetensors, test_hf_loader,
+// test_policy_checkpoint and the fuzz regressions; the rows here are the representative cases a
+// user meets first.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -14,6 +15,7 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
@@ -21,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include <distillcache/distillcache.hpp>
+#include <distillcache/io/policy_checkpoint.hpp>
 
 #include "../support/temp_dir.hpp"
 
@@ -106,6 +109,46 @@ fs::path inf_weight_gguf(const fs::path& dir) {
   const std::uint16_t bf16_inf = 0x7f80;  // the top half of the fp32 +inf pattern
   overwrite(path, at, &bf16_inf, 2);
   return path;
+}
+
+// A small valid policy checkpoint (2 inputs, hidden [2]: 9 weights), saved under dir.
+dc::PolicyCheckpoint tiny_policy() {
+  dc::PolicyCheckpoint c;
+  c.feature_normalisation = "scale_free_v1";
+  c.inputs = {"alpha", "position"};
+  c.hidden = {2};
+  c.weights = {0.5f, -1.0f, 0.25f, 2.0f, 0.0f, 1.0f, 3.0f, -4.5f, 0.125f};
+  return c;
+}
+fs::path saved_policy(const fs::path& dir, const std::string& name) {
+  fs::create_directories(dir);
+  dc::save_policy_checkpoint(dir / name, tiny_policy());
+  return dir / name;
+}
+
+// Rewrites a saved policy checkpoint through edit (metadata JSON, data section) and reseals it
+// with a correct checksum, so the reader gets past the checksum to the field checks.
+fs::path edited_policy(const fs::path& dir, const std::string& name,
+                       const std::function<void(nlohmann::json&, std::vector<std::uint8_t>&)>& edit) {
+  const fs::path p = saved_policy(dir, name);
+  std::ifstream in(p, std::ios::binary);
+  std::vector<std::uint8_t> b{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  in.close();
+  std::uint64_t meta_len = 0;
+  std::memcpy(&meta_len, b.data() + 12, 8);
+  nlohmann::json meta = nlohmann::json::parse(b.begin() + 20, b.begin() + 20 + std::ptrdiff_t(meta_len));
+  std::vector<std::uint8_t> data(b.begin() + 20 + std::ptrdiff_t(meta_len), b.end() - 8);
+  edit(meta, data);
+  const std::string text = meta.dump();
+  std::string out(b.begin(), b.begin() + 12);  // magic and version
+  for (int i = 0; i < 8; ++i) out += char(std::uint8_t(text.size() >> (8 * i)));
+  out += text;
+  out.append(data.begin(), data.end());
+  const std::uint64_t sum =
+      dc::detail::fnv1a64({reinterpret_cast<const std::uint8_t*>(out.data()), out.size()});
+  for (int i = 0; i < 8; ++i) out += char(std::uint8_t(sum >> (8 * i)));
+  std::ofstream(p, std::ios::binary).write(reinterpret_cast<const char*>(out.data()), std::streamsize(out.size()));
+  return p;
 }
 
 std::vector<BadInput> bad_inputs(const dc_test::TempDir& tmp) {
@@ -418,6 +461,47 @@ std::vector<BadInput> bad_inputs(const dc_test::TempDir& tmp) {
     dc::FidelityEvaluator<dc::cpu, float> e(model, {h2o.get()}, {half}, dc::EvictionMode::decode);
     e.add_context(prompt(8), std::vector<std::int32_t>{}, [](std::size_t) {});
   }, "empty prompt or continuation");
+
+  // ---- policy checkpoints -------------------------------------------------------------------
+  add("load_policy_checkpoint", "not a checkpoint (a config.json)",
+      [&] { dc::load_policy_checkpoint(kFixtures + "/tiny_mistral/config.json"); },
+      "not a distillcache policy checkpoint");
+  add("load_policy_checkpoint", "file truncated in the tensor data", [&] {
+    const fs::path p = saved_policy(tmp / "policy", "cut.dcp");
+    fs::resize_file(p, fs::file_size(p) - 10);
+    dc::load_policy_checkpoint(p);
+  }, "truncated tensor data");
+  add("load_policy_checkpoint", "a byte flipped (bad checksum)", [&] {
+    const fs::path p = saved_policy(tmp / "policy", "flipped.dcp");
+    const std::uint8_t x = 0x40;
+    overwrite(p, fs::file_size(p) - 12, &x, 1);  // inside the last weight
+    dc::load_policy_checkpoint(p);
+  }, "bad checksum");
+  add("load_policy_checkpoint", "unknown format version", [&] {
+    const fs::path p = saved_policy(tmp / "policy", "v2.dcp");
+    const std::uint32_t v = 2;
+    overwrite(p, 8, &v, 4);
+    dc::load_policy_checkpoint(p);
+  }, "unknown format version 2");
+  add("load_policy_checkpoint", "no input features", [&] {
+    dc::load_policy_checkpoint(edited_policy(tmp / "policy", "no_inputs.dcp", [](auto& meta, auto&) {
+      meta["inputs"] = nlohmann::json::array();
+    }));
+  }, "the policy has 0 input features; it needs 1 to 64");
+  add("load_policy_checkpoint", "a weight is NaN", [&] {
+    dc::load_policy_checkpoint(edited_policy(tmp / "policy", "nan.dcp", [](auto&, auto& data) {
+      const float nan = NAN;
+      std::memcpy(data.data() + 3 * 4, &nan, 4);
+    }));
+  }, "tensor 'weights': entry 3 is NaN");
+  add("save_policy_checkpoint", "weights not matching the architecture", [&] {
+    dc::PolicyCheckpoint c = tiny_policy();
+    c.hidden = {3};
+    dc::save_policy_checkpoint(tmp / "wrong_count.dcp", c);
+  }, "'weights' holds 9 floats, but an MLP with 2 inputs, hidden [3] and one output has 13 parameters");
+  add("save_policy_checkpoint", "folder does not exist",
+      [&] { dc::save_policy_checkpoint(tmp / "nowhere" / "p.dcp", tiny_policy()); },
+      "No such file or directory");
 
   // ---- text corpora -------------------------------------------------------------------------
   add("list_text_files", "path does not exist", [&] { dc::list_text_files(tmp / "nowhere"); },

@@ -86,6 +86,13 @@ TEST_CASE("fuzz regressions: hf_config") {
         }) > 0);
 }
 
+TEST_CASE("fuzz regressions: policy_checkpoint") {
+  CHECK(replay("policy_checkpoint", [](const std::uint8_t* d, std::size_t n) {
+          dc_fuzz::policy_checkpoint_entry(d, n);
+          return true;
+        }) > 0);
+}
+
 TEST_CASE("fuzz regressions: tokenizer") {
   // Inputs for the SmolLM2 vocabulary are skipped (with a note on stderr) when the model file is
   // absent; the spm_tiny ones always run.

@@ -5,6 +5,9 @@
 #
 #   bad_args.sh GENERATE EVAL FIXTURE_DIR [SMOLLM2_GGUF]
 #
+# train and infer are found through $DC_TRAIN_BIN and $DC_INFER_BIN (their cases are skipped,
+# with a note, when those are unset).
+#
 # The cases run on the tiny fixture models. The few that need a real tokenizer use the SmolLM2
 # GGUF: the fourth argument, else $DC_SMOLLM2_GGUF, else the scripts/fetch_model.sh cache; they
 # are skipped, with a note, when that file is absent.
@@ -22,6 +25,8 @@ eval_bin=$(realpath "$2")
 fix=$(realpath "$3")
 model=${4:-${DC_SMOLLM2_GGUF:-${XDG_CACHE_HOME:-$HOME/.cache}/distillcache/SmolLM2-135M-Instruct.Q4_1.gguf}}
 if [ -f "$model" ]; then model=$(realpath "$model"); else model=""; fi
+train_bin=${DC_TRAIN_BIN:+$(realpath "$DC_TRAIN_BIN")}
+infer_bin=${DC_INFER_BIN:+$(realpath "$DC_INFER_BIN")}
 for f in "$generate" "$eval_bin"; do
   [ -x "$f" ] || { echo "bad_args: $f is not an executable" >&2; exit 1; }
 done
@@ -58,6 +63,8 @@ mkdir "zero_heads" && cp "$tiny_hf/model.safetensors" "zero_heads/" &&
   sed 's/"num_attention_heads": 4/"num_attention_heads": 0/' "$tiny_hf/config.json" > "zero_heads/config.json"
 mkdir "wrong_weights" && cp "$tiny_hf/config.json" "wrong_weights/" &&
   cp "$fix/tiny_llama_tied/model.safetensors" "wrong_weights/"
+head -c 40 "notes.txt" > "bad.dcpolicy"
+printf 'DCPOLICY\x07\x00\x00\x00\x02\x00\x00\x00\x00\x00\x00\x00{}\x00\x00\x00\x00\x00\x00\x00\x00' > "future.dcpolicy"
 mkdir "no_txt" && echo "not text" > "no_txt/data.bin"
 mkdir "empty_txt" && : > "empty_txt/a.txt"
 mkdir "short_txt" && echo "Hello there." > "short_txt/a.txt"
@@ -77,6 +84,8 @@ bad() {
   shift 5
   local bin=$generate
   [ "$prog" = eval ] && bin=$eval_bin
+  [ "$prog" = train ] && bin=$train_bin
+  [ "$prog" = infer ] && bin=$infer_bin
   local out=out err=err
   timeout 60 "$bin" "$@" > "$out" 2> "$err" < /dev/null
   local rc=$?
@@ -114,7 +123,7 @@ bad() {
 # needs_model NAME: false (and noted) when the real model is absent.
 needs_model() {
   [ -n "$model" ] && return 0
-  skipped+=("$1")
+  skipped+=("'$1': no SmolLM2 GGUF (pass its path, set DC_SMOLLM2_GGUF or run scripts/fetch_model.sh)")
   return 1
 }
 
@@ -189,6 +198,10 @@ bad "--budget above 1"                    generate 1 "budget"             -- "${
 bad "--budget NaN"                        generate 1 "budget"             -- "${G[@]}" --policy h2o --budget nan
 bad "--budget not a number"               generate 2 "--budget"           -- "${G[@]}" --policy h2o --budget half
 bad "--granularity unknown"               generate 2 "--granularity"      -- "${G[@]}" --policy h2o --budget 0.5 --granularity token
+bad "--policy file missing"               generate 1 "none.dcpolicy"      -- "${G[@]}" --policy distillcache=none.dcpolicy --budget 0.5
+bad "--policy file not a policy"          generate 1 "not a distillcache policy" -- "${G[@]}" --policy distillcache=notes.txt --budget 0.5
+bad "--policy file of a future version"   generate 1 "version"            -- "${G[@]}" --policy distillcache=future.dcpolicy --budget 0.5
+bad "--policy distillcache= (no path)"    generate 1 "no file given"      -- "${G[@]}" --policy distillcache= --budget 0.5
 
 # ---- generate: the model -------------------------------------------------------------------
 bad "model file missing"                  generate 1 "does not exist"     -- --model "none.gguf" --tokens 1
@@ -246,18 +259,46 @@ bad "--budget not a number"               eval 2 "--budget"              -- "${E
 bad "--budget empty list"                 eval 1 "no budget"             -- "${E[@]}" --budget ,
 bad "--policy unknown"                    eval 1 "unknown policy"        -- "${E[@]}" --policy streaming,lru
 bad "--policy empty list"                 eval 1 "no policy"             -- "${E[@]}" --policy ,
+bad "--policy file truncated"             eval 1 "bad.dcpolicy"          -- "${E[@]}" --policy distillcache=bad.dcpolicy
 bad "--granularity unknown"               eval 1 "unknown granularity"   -- "${E[@]}" --granularity shared,token
 bad "--granularity empty list"            eval 1 "--granularity"         -- "${E[@]}" --granularity ,
 bad "--seed negative"                     eval 2 "--seed"                -- "${E[@]}" --seed -1
 bad "--csv in a missing folder"           eval 1 "--csv"                 -- "${E[@]}" --csv /nonexistent/x.csv
 bad "--csv is a folder"                   eval 1 "--csv"                 -- "${E[@]}" --csv tiny_mistral
 
+# ---- train and infer -----------------------------------------------------------------------
+T=(--model "$tiny_gguf" --out "run")
+if [ -n "$train_bin" ]; then
+  bad "train: --out missing"              train 2 "--out is required"    -- --model "$tiny_gguf"
+  bad "train: --rollouts 1"               train 2 "--rollouts"           -- "${T[@]}" --rollouts 1
+  bad "train: --budget 1"                 train 1 "must be in (0, 1)"    -- "${T[@]}" --budget 1
+  bad "train: --budget not a number"      train 2 "not a number"         -- "${T[@]}" --budget 0.5,x
+  bad "train: --hidden 0"                 train 1 "--hidden"             -- "${T[@]}" --hidden 32,0
+  bad "train: --inputs unknown"           train 1 "unknown policy input" -- "${T[@]}" --inputs alpha,colour
+  bad "train: --warmup past --updates"    train 1 "warm-up"              -- "${T[@]}" --updates 5 --warmup 10
+  bad "train: --resume missing file"      train 1 "none.dcpolicy"        -- "${T[@]}" --resume none.dcpolicy
+  bad "train: --resume corrupt file"      train 1 "bad.dcpolicy"         -- "${T[@]}" --resume bad.dcpolicy
+  bad "train: --text too short"           train 1 "windows"              -- "${T[@]}" --text empty_txt --context 16 --continuation 4 --warmup 0
+  bad "train: --lr NaN"                   train 2 "--lr"                 -- "${T[@]}" --lr nan
+else
+  skipped+=("train cases (DC_TRAIN_BIN unset)")
+fi
+if [ -n "$infer_bin" ]; then
+  bad "infer: no prompt"                  infer 1 "exactly one of"       -- --model "$tiny_gguf"
+  bad "infer: --budget 0"                 infer 2 "--budget"             -- --model "$tiny_gguf" --prompt hi --budget 0
+  bad "infer: --policy unknown"           infer 1 "unknown policy"       -- --model "$tiny_gguf" --prompt hi --policy lru
+  bad "infer: --policy file missing"      infer 1 "none.dcpolicy"        -- --model "$tiny_gguf" --prompt hi --policy distillcache=none.dcpolicy
+  bad "infer: --text missing"             infer 1 "none.txt"             -- --model "$tiny_gguf" --text none.txt --policy h2o
+else
+  skipped+=("infer cases (DC_INFER_BIN unset)")
+fi
+
 # ---- Report --------------------------------------------------------------------------------
 echo "| case | example | message (as printed) | exit |"
 echo "|---|---|---|---|"
 printf '%s\n' "${rows[@]}"
 for s in "${skipped[@]}"; do
-  echo "note: skipped '$s': no SmolLM2 GGUF (pass its path, set DC_SMOLLM2_GGUF or run scripts/fetch_model.sh)"
+  echo "note: skipped $s"
 done
 echo "bad_args: $ran bad inputs, $failures failures, $((SECONDS - start)) s"
 [ "$failures" -eq 0 ]

@@ -20,6 +20,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -31,6 +32,7 @@
 #include <distillcache/io/gguf.hpp>
 #include <distillcache/io/gguf_model.hpp>
 #include <distillcache/io/hf_config.hpp>
+#include <distillcache/io/policy_checkpoint.hpp>
 #include <distillcache/io/safetensors.hpp>
 #include <distillcache/io/tokenizer.hpp>
 #include <distillcache/io/tokenizer_gguf.hpp>
@@ -226,6 +228,67 @@ inline void hf_config_entry(const std::uint8_t* data, std::size_t size) {
     DC_FUZZ_ASSERT(c.architecture == "llama" || c.architecture == "mistral", "architecture '",
                    c.architecture, "' accepted");
   });
+}
+
+// ---- policy checkpoints ---------------------------------------------------------------------------
+
+inline bool same_float_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * 4) == 0);
+}
+
+inline bool same_checkpoint_bits(const dc::PolicyCheckpoint& a, const dc::PolicyCheckpoint& b) {
+  if (!(a == b) || !same_float_bits(a.weights, b.weights)) return false;
+  for (const auto& [name, values] : a.state)
+    if (!same_float_bits(values, b.state.at(name))) return false;
+  return true;
+}
+
+// What an accepted checkpoint promises: it validates, its weights fit the architecture, its
+// tensors tile the data section, and it re-encodes to bytes that parse back to it bit for bit
+// and re-encode identically.
+inline void check_accepted_checkpoint(const dc::PolicyCheckpoint& c, std::span<const std::uint8_t> bytes) {
+  DC_FUZZ_ASSERT(attempt([&] { dc::validate_policy_checkpoint(c, "fuzz"); }),
+                 "an accepted checkpoint fails validation");
+  DC_FUZZ_ASSERT(std::int64_t(c.weights.size()) == dc::mlp_parameter_count(int(c.inputs.size()), c.hidden),
+                 c.weights.size(), " weights accepted for the architecture");
+  std::uint64_t meta_len = 0;
+  for (int i = 7; i >= 0; --i) meta_len = (meta_len << 8) | bytes[12 + std::size_t(i)];
+  std::uint64_t floats = c.weights.size();
+  for (const auto& [name, values] : c.state) floats += values.size();
+  DC_FUZZ_ASSERT(bytes.size() == 28 + meta_len + 4 * floats, "the tensors do not tile the data section");
+  std::vector<std::uint8_t> encoded;
+  DC_FUZZ_ASSERT(attempt([&] { encoded = dc::encode_policy_checkpoint(c); }), "an accepted checkpoint cannot be encoded");
+  dc::PolicyCheckpoint back;
+  DC_FUZZ_ASSERT(attempt([&] { back = dc::parse_policy_checkpoint(encoded, "fuzz re-encoded"); }),
+                 "the re-encoded checkpoint is rejected");
+  DC_FUZZ_ASSERT(same_checkpoint_bits(back, c), "the re-encoded checkpoint parses to something else");
+  DC_FUZZ_ASSERT(dc::encode_policy_checkpoint(back) == encoded, "encoding is not a fixed point");
+}
+
+// parse_policy_checkpoint of the bytes as they are, then -- since a mutated input almost never
+// carries a valid FNV-1a, and the field checks behind the checksum would otherwise never see
+// fuzzed data -- of the bytes with their last 8 recomputed as the checksum; then the file reader,
+// which must agree with the in-memory parser.
+inline void policy_checkpoint_entry(const std::uint8_t* data, std::size_t size) {
+  const std::span<const std::uint8_t> bytes(data, size);
+  dc::PolicyCheckpoint parsed;
+  const bool ok = attempt([&] { parsed = dc::parse_policy_checkpoint(bytes, "fuzz"); });
+  if (ok) check_accepted_checkpoint(parsed, bytes);
+  if (size >= 8) {
+    std::vector<std::uint8_t> sealed(data, data + size);
+    const std::uint64_t sum = dc::detail::fnv1a64(std::span(sealed).first(size - 8));
+    for (int i = 0; i < 8; ++i) sealed[size - 8 + std::size_t(i)] = std::uint8_t(sum >> (8 * i));
+    dc::PolicyCheckpoint c;
+    if (sealed != std::vector<std::uint8_t>(data, data + size) &&
+        attempt([&] { c = dc::parse_policy_checkpoint(sealed, "fuzz sealed"); }))
+      check_accepted_checkpoint(c, sealed);
+  }
+  const auto& path = write_scratch("policy.dcp", data, size);
+  dc::PolicyCheckpoint loaded;
+  const bool loaded_ok = attempt([&] { loaded = dc::load_policy_checkpoint(path); });
+  DC_FUZZ_ASSERT(loaded_ok == ok, "the file reader ", (loaded_ok ? "accepted" : "rejected"),
+                 " what the in-memory parser ", (ok ? "accepted" : "rejected"));
+  DC_FUZZ_ASSERT(!ok || same_checkpoint_bits(loaded, parsed), "the file reader disagrees with the parser");
 }
 
 // ---- tokenizer ----------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 #pragma once
 // Every CUDA op of the forward pass, for code that instantiates Transformer<cuda, W>.
+#include "adam.cuh"
 #include "attention.cuh"
 #include "buffer.cuh"
 #include "check.cuh"
@@ -7,6 +8,9 @@
 #include "copy.cuh"
 #include "elementwise.cuh"
 #include "gemm.cuh"
+#include "kl.cuh"
 #include "kv.cuh"
+#include "mlp.cuh"
 #include "norm.cuh"
 #include "rope.cuh"
+#include "topk.cuh"

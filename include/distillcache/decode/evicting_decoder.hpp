@@ -93,6 +93,10 @@ class EvictingDecoder {
     return logits_;
   }
 
+  // Chooses keep-sets with `selector` instead of the deterministic top-B (null: the top-B). The
+  // selector must outlive the decoder's use of it.
+  void set_selector(KeepSetSelector* selector) { selector_ = selector; }
+
   const KVCache<B>& cache() const { return cache_; }
   int budget_tokens() const { return budget_tokens_; }
   int evictions() const { return evictions_; }
@@ -113,7 +117,8 @@ class EvictingDecoder {
     scores_.assign(std::size_t(f.size), 0.0f);
     policy_.score(f, budget_tokens_, scores_);  // validates the features and the scores
     const KeepSets keep =
-        select_keep_groups(scores_, f, budget_tokens_, budget_.sink, budget_.recent);
+        selector_ ? selector_->select(f, scores_, budget_tokens_, budget_.sink, budget_.recent)
+                  : select_keep_groups(scores_, f, budget_tokens_, budget_.sink, budget_.recent);
     compact_groups(model_.context(), cache_, f, keep);
     ++evictions_;
   }
@@ -125,6 +130,7 @@ class EvictingDecoder {
   int max_prompt_;
   Granularity granularity_;
   KVCache<B> cache_;
+  KeepSetSelector* selector_ = nullptr;
   std::vector<float> logits_, scores_;
   int budget_tokens_ = 0;
   int evictions_ = 0;

@@ -71,18 +71,7 @@ class Transformer {
   // Writes host logits into out: [tokens.size(), vocab] for LogitsFor::all, [vocab] for last.
   void forward(std::span<const std::int32_t> tokens, KVCache<B>& cache, std::span<float> out,
                LogitsFor which = LogitsFor::last) {
-    const int n = static_cast<int>(tokens.size());
-    DC_CHECK(n > 0, "forward called with no tokens");
-    check_cache(cache);
-    DC_CHECK(cache.length() + n <= cache.capacity(), "KV cache full: ", cache.length(), " + ", n,
-             " tokens exceed capacity ", cache.capacity());
-    DC_CHECK(std::int64_t(cache.next_position()) + n <= cfg_.max_position, "context of ",
-             cache.next_position() + n, " tokens exceeds the model's max_position ",
-             cfg_.max_position);
-    for (int t = 0; t < n; ++t)
-      DC_CHECK(tokens[std::size_t(t)] >= 0 && tokens[std::size_t(t)] < cfg_.vocab_size,
-               "token id ", tokens[std::size_t(t)], " at index ", t, " outside vocabulary [0, ",
-               cfg_.vocab_size, ")");
+    const int n = check_forward(tokens, cache);
     const std::size_t need = which == LogitsFor::all    ? std::size_t(n) * cfg_.vocab_size
                              : which == LogitsFor::last ? std::size_t(cfg_.vocab_size)
                                                         : 0;
@@ -109,6 +98,20 @@ class Transformer {
     }
   }
 
+  // Like forward(tokens, cache, out, LogitsFor::last), but the last token's logits stay on the
+  // backend (device memory under CUDA): returns them, [vocab], valid until the next forward. The
+  // fused KL (kl_rows) reads them there, so a GPU trainer never copies a vocabulary row per step
+  // and student to the host. Not checked for non-finite values (that needs the host copy).
+  const float* forward_logits_on_backend(std::span<const std::int32_t> tokens, KVCache<B>& cache) {
+    const int n = check_forward(tokens, cache);
+    for (int begin = 0; begin < n; begin += max_chunk_) {
+      const int len = std::min(max_chunk_, n - begin);
+      forward_chunk(tokens.subspan(std::size_t(begin), std::size_t(len)), cache, nullptr,
+                    begin + len == n ? LogitsFor::last : LogitsFor::none);
+    }
+    return logits_.data();
+  }
+
   // Convenience: returns the host logits as a vector.
   std::vector<float> forward(std::span<const std::int32_t> tokens, KVCache<B>& cache,
                              LogitsFor which = LogitsFor::last) {
@@ -119,6 +122,23 @@ class Transformer {
   }
 
  private:
+  // The checks every forward makes; returns the token count.
+  int check_forward(std::span<const std::int32_t> tokens, const KVCache<B>& cache) const {
+    const int n = static_cast<int>(tokens.size());
+    DC_CHECK(n > 0, "forward called with no tokens");
+    check_cache(cache);
+    DC_CHECK(cache.length() + n <= cache.capacity(), "KV cache full: ", cache.length(), " + ", n,
+             " tokens exceed capacity ", cache.capacity());
+    DC_CHECK(std::int64_t(cache.next_position()) + n <= cfg_.max_position, "context of ",
+             cache.next_position() + n, " tokens exceeds the model's max_position ",
+             cfg_.max_position);
+    for (int t = 0; t < n; ++t)
+      DC_CHECK(tokens[std::size_t(t)] >= 0 && tokens[std::size_t(t)] < cfg_.vocab_size,
+               "token id ", tokens[std::size_t(t)], " at index ", t, " outside vocabulary [0, ",
+               cfg_.vocab_size, ")");
+    return n;
+  }
+
   void check_cache(const KVCache<B>& cache) const {
     DC_CHECK(cache.num_layers() == cfg_.num_layers && cache.num_kv_heads() == cfg_.num_kv_heads &&
                  cache.head_dim() == cfg_.head_dim,
@@ -201,7 +221,7 @@ class Transformer {
     const float* last = x + std::int64_t(n - rows) * d;
     rmsnorm(ctx_, xn, last, w_.final_norm.data(), rows, d, cfg_.rms_eps);
     matmul(ctx_, logits_.data(), xn, w_.output_matrix().data(), rows, d, cfg_.vocab_size);
-    copy_to_host(ctx_, out, logits_.data(), std::size_t(rows) * cfg_.vocab_size);
+    if (out) copy_to_host(ctx_, out, logits_.data(), std::size_t(rows) * cfg_.vocab_size);
   }
 
   ModelConfig cfg_;

@@ -70,4 +70,14 @@ inline KeepSets select_keep_groups(std::span<const float> scores, const TokenFea
   return keep;
 }
 
+// How a keep-set is chosen from a policy's scores, for callers that need something other than
+// the deterministic top-B (the trainer samples keep-sets by Gumbel-top-k and records them).
+class KeepSetSelector {
+ public:
+  virtual ~KeepSetSelector() = default;
+  // One ascending keep-set of `budget` slots per group of f (fewer where a group has fewer rows).
+  virtual KeepSets select(const TokenFeatures& f, std::span<const float> scores, int budget,
+                          int sink, int recent) = 0;
+};
+
 }  // namespace dc

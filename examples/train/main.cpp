@@ -1,0 +1,245 @@
+// examples/train: trains the DistillCache policy by REINFORCE on a real model and real text.
+//
+// Contexts of L + T tokens come from a training corpus (by default the Python documentation
+// Debian ships, disjoint from the Vim help files examples/eval measures on); the first
+// --validation-contexts windows are held out for validation, the rest are trained on. Every
+// --validate-every updates the policy's deterministic keep-sets are scored on the held-out
+// windows and the best is kept (OUT/best.dcpolicy); every --checkpoint-every updates the whole
+// training state is saved atomically (OUT/checkpoint.dcpolicy), which --resume continues bit
+// for bit. A CSV log of every update goes to OUT/train_log.csv.
+//
+//   train --model SmolLM2-135M-Instruct.Q4_1.gguf --out runs/smollm2 --updates 120
+#include <CLI/CLI.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include <distillcache/distillcache.hpp>
+
+#include "../common/cli.hpp"
+
+namespace {
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::string item;
+  std::stringstream in(s);
+  while (std::getline(in, item, ','))
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+std::string format_seconds(double s) {
+  char buf[32];
+  if (s >= 3600) std::snprintf(buf, sizeof buf, "%dh%02dm", int(s / 3600), int(s / 60) % 60);
+  else if (s >= 60) std::snprintf(buf, sizeof buf, "%dm%02ds", int(s / 60), int(s) % 60);
+  else std::snprintf(buf, sizeof buf, "%.0fs", s);
+  return buf;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace dc_examples;
+  CLI::App app{"Trains the DistillCache eviction policy by REINFORCE (distillcache)."};
+  dc::TrainerOptions opt;
+  std::string model_path, text_path = "/usr/share/doc/python3.11/html/_sources/library", out_dir,
+              budgets_arg = "0.125,0.25,0.5", granularity_arg = "head", mode_arg = "prefill",
+              hidden_arg = "32,32", inputs_arg = "alpha,value_norm,head_variance,entropy,position",
+              activation_arg = "silu", resume_path, dtype = "f32";
+  std::string init_target = "alpha=2";
+  int init_contexts = 4, init_steps = 300;
+  int validation_contexts = 4, validate_every = 20, checkpoint_every = 10, stop_after = 0,
+      max_train_contexts = 100000, window = 32;
+  app.add_option("--model", model_path, "GGUF model file")->required();
+  app.add_option("--text", text_path, "training corpus: a .txt file or a folder of them");
+  app.add_option("--out", out_dir, "output folder: checkpoint.dcpolicy, best.dcpolicy, train_log.csv")->required();
+  app.add_option("--context", opt.context, "prompt tokens L")->check(integer_in(8, 1 << 16));
+  app.add_option("--continuation", opt.continuation, "teacher-forced tokens T")->check(integer_in(2, 4096));
+  app.add_option("--budget", budgets_arg, "kept fractions trained on, e.g. 0.125,0.25,0.5")->check(number_list());
+  app.add_option("--rollouts", opt.rollouts, "keep-sets sampled per (context, budget)")->check(integer_in(2, 1024));
+  app.add_option("--granularity", granularity_arg, "shared, layer or head")
+      ->check(CLI::IsMember({"shared", "layer", "head"}));
+  app.add_option("--mode", mode_arg, "prefill: compress once; decode: also evict while decoding")
+      ->check(CLI::IsMember({"prefill", "decode"}));
+  app.add_option("--chunk", opt.chunk, "decode-mode slack")->check(integer_in(1, 1 << 16));
+  app.add_option("--updates", opt.updates, "total updates (the schedule spans them)")->check(integer_in(1, 1 << 24));
+  app.add_option("--contexts-per-update", opt.contexts_per_update, "contexts per update")->check(integer_in(1, 1 << 16));
+  app.add_option("--lr", opt.lr, "peak learning rate")->check(finite_number(0.0, 1.0));
+  app.add_option("--lr-floor", opt.lr_floor, "final learning rate")->check(finite_number(0.0, 1.0));
+  app.add_option("--warmup", opt.warmup, "warm-up updates")->check(integer_in(0, 1 << 24));
+  app.add_option("--entropy-bonus", opt.entropy_bonus, "beta of the first-pick entropy bonus")->check(finite_number(0.0, 100.0));
+  app.add_option("--max-grad-norm", opt.max_grad_norm, "global gradient-norm clip")->check(finite_number(1e-9, 1e9));
+  app.add_option("--seed", opt.seed, "seed of the initialisation and the sampling")->check(unsigned_integer());
+  app.add_option("--hidden", hidden_arg, "hidden layer sizes, e.g. 32,32");
+  app.add_option("--inputs", inputs_arg, "policy inputs: alpha,value_norm,head_variance,entropy,position[,last_alpha]");
+  app.add_option("--activation", activation_arg, "silu, tanh or relu")->check(CLI::IsMember({"silu", "tanh", "relu"}));
+  app.add_option("--window", window, "prompt queries observed at prefill (0 = all)")->check(integer_in(0, 1 << 20));
+  app.add_option("--validation-contexts", validation_contexts, "held-out windows (the first ones)")->check(integer_in(1, 4096));
+  app.add_option("--max-train-contexts", max_train_contexts, "training windows at most")->check(integer_in(1, 1 << 24));
+  app.add_option("--validate-every", validate_every, "updates between validations")->check(integer_in(1, 1 << 24));
+  app.add_option("--checkpoint-every", checkpoint_every, "updates between checkpoints")->check(integer_in(1, 1 << 24));
+  app.add_option("--stop-after", stop_after, "stop (with a checkpoint) after this update; 0 = run all")->check(integer_in(0, 1 << 24));
+  app.add_option("--init-target", init_target, "warm start: fit the scores to this combination of the "
+                 "inputs before REINFORCE, e.g. alpha=2,position=8 ('none': no warm start)");
+  app.add_option("--init-contexts", init_contexts, "warm start: training windows whose features it fits")
+      ->check(integer_in(1, 4096));
+  app.add_option("--init-steps", init_steps, "warm start: Adam steps")->check(integer_in(0, 1 << 20));
+  app.add_option("--resume", resume_path, "continue from a checkpoint.dcpolicy (its options win)");
+  app.add_option("--dtype", dtype, "weight storage: f32 or bf16")->check(CLI::IsMember({"f32", "bf16"}));
+  if (const auto status = parse_command_line(app, argc, argv, "train")) return *status;
+
+  return run_reporting_errors("train", [&]() -> int {
+    namespace fs = std::filesystem;
+    opt.granularity = dc::parse_granularity(granularity_arg);
+    opt.mode = mode_arg == "prefill" ? dc::EvictionMode::prefill : dc::EvictionMode::decode;
+    opt.budgets.clear();
+    for (const auto& s : split(budgets_arg)) {
+      const auto v = detail::to_number(s);
+      DC_CHECK(v.has_value(), "--budget: '", s, "' is not a number");
+      opt.budgets.push_back(*v);
+    }
+    std::vector<int> hidden;
+    for (const auto& s : split(hidden_arg)) {
+      const auto v = detail::to_integer(s);
+      DC_CHECK(v.has_value() && *v > 0 && *v <= 4096, "--hidden: '", s, "' is not a size in 1..4096");
+      hidden.push_back(int(*v));
+    }
+    std::vector<dc::PolicyInput> inputs;
+    for (const auto& s : split(inputs_arg)) inputs.push_back(dc::parse_policy_input(s));
+
+    std::optional<dc::PolicyCheckpoint> resume;
+    if (!resume_path.empty()) {
+      resume = dc::load_policy_checkpoint(resume_path);
+      DC_CHECK(resume->trainer.is_object() && resume->trainer.contains("options"), "--resume: '",
+               resume_path, "' is a policy, not a training checkpoint (no trainer state)");
+      const int total = opt.updates;
+      opt = dc::TrainerOptions::from_json(resume->trainer.at("options"));
+      DC_CHECK(total == opt.updates || app.count("--updates") == 0, "--resume: the checkpoint "
+               "trains for ", opt.updates, " updates; --updates ", total, " would change its schedule");
+    }
+    opt.validate();
+
+    fs::create_directories(out_dir);
+    const fs::path checkpoint_path = fs::path(out_dir) / "checkpoint.dcpolicy";
+    const fs::path best_path = fs::path(out_dir) / "best.dcpolicy";
+    const fs::path log_path = fs::path(out_dir) / "train_log.csv";
+    check_writable(log_path.string(), "--out");
+
+    model_format(model_path);
+    dc::GgufFile file(model_path);
+    dc::HfModel m = dc::load_gguf_model(file);
+    const dc::Tokenizer tokenizer(dc::tokenizer_data_from_gguf(file));
+    const int window_tokens = opt.context + opt.continuation;
+    DC_CHECK(window_tokens <= m.config.max_position, "--context + --continuation = ", window_tokens,
+             " exceeds the model's context of ", m.config.max_position);
+    auto windows = dc::token_windows(tokenizer, text_path, window_tokens,
+                                     validation_contexts + max_train_contexts);
+    DC_CHECK(int(windows.size()) > validation_contexts, "--text: ", text_path, " gives ",
+             windows.size(), " windows of ", window_tokens, " tokens; need more than the ",
+             validation_contexts, " held out for validation");
+    std::vector<std::vector<std::int32_t>> validation(windows.begin(), windows.begin() + validation_contexts);
+    windows.erase(windows.begin(), windows.begin() + validation_contexts);
+    std::fprintf(stderr, "train: %zu training and %zu validation windows of %d tokens from %s\n",
+                 windows.size(), validation.size(), window_tokens, text_path.c_str());
+
+    auto run = [&]<class W>(dc::Weights<dc::cpu, W> weights) -> int {
+      dc::Transformer<dc::cpu, W> model(m.config, std::move(weights), 64);
+      dc::MlpPolicy policy = resume ? dc::MlpPolicy::from_checkpoint(*resume)
+                                    : dc::MlpPolicy::initialised(inputs, hidden, opt.seed,
+                                                                 dc::parse_activation(activation_arg), window);
+      dc::ReinforceTrainer<dc::cpu, W> trainer(model, policy, opt, std::move(windows));
+      double best = INFINITY;
+      if (resume) {
+        trainer.restore_state(*resume);
+        if (resume->trainer.contains("best_validation_kl"))
+          best = resume->trainer.at("best_validation_kl").get<double>();
+      }
+      auto save = [&](const fs::path& path, double best_kl, bool with_state) {
+        dc::PolicyCheckpoint c = with_state ? trainer.save_state() : policy.to_checkpoint();
+        c.extra["model"] = fs::path(model_path).filename().string();
+        c.extra["corpus"] = text_path;
+        c.extra["training"] = opt.to_json();
+        if (with_state) c.trainer["best_validation_kl"] = best_kl;
+        dc::save_policy_checkpoint(path, c);
+      };
+      auto mean = [](const std::vector<double>& v) {
+        double s = 0.0;
+        for (double x : v) s += x;
+        return s / double(v.size());
+      };
+      auto log_line = [&](const std::string& line) {
+        std::ofstream log(log_path, std::ios::app);
+        DC_CHECK(log, "--out: cannot append to '", log_path.string(), "'");
+        log << line << '\n';
+      };
+      if (trainer.step() == 0 && init_target != "none" && init_steps > 0) {
+        std::vector<float> coefficients(policy.inputs().size(), 0.0f);
+        for (const auto& term : split(init_target)) {
+          const auto eq = term.find('=');
+          DC_CHECK(eq != std::string::npos, "--init-target: '", term, "' is not INPUT=COEFFICIENT");
+          const auto input = dc::parse_policy_input(term.substr(0, eq));
+          const auto at = std::find(policy.inputs().begin(), policy.inputs().end(), input);
+          DC_CHECK(at != policy.inputs().end(), "--init-target: '", term.substr(0, eq),
+                   "' is not one of the policy's --inputs");
+          const auto v = detail::to_number(term.substr(eq + 1));
+          DC_CHECK(v.has_value() && std::isfinite(*v), "--init-target: '", term, "' has no number");
+          coefficients[std::size_t(at - policy.inputs().begin())] = float(*v);
+        }
+        const auto w = trainer.warm_start(init_contexts, coefficients, init_steps, 1e-2f);
+        std::fprintf(stderr, "train: warm start (%s) on %lld rows: MSE %.4f -> %.4f\n", init_target.c_str(),
+                     (long long)w.rows, w.initial_mse, w.final_mse);
+      }
+      if (trainer.step() == 0) {
+        {
+          std::ofstream log(log_path);  // a fresh run starts a fresh log
+          log << "update,lr,reward,kl_sampled,entropy,grad_norm,seconds,tokens_per_s,validation_kl\n";
+          DC_CHECK(log, "--out: cannot write '", log_path.string(), "'");
+        }
+        const auto v = trainer.validate(validation);
+        best = mean(v);
+        std::fprintf(stderr, "train: untrained policy, validation KL %.4f (", best);
+        for (std::size_t b = 0; b < v.size(); ++b) std::fprintf(stderr, "%s%g: %.4f", b ? ", " : "", opt.budgets[b], v[b]);
+        std::fprintf(stderr, ")\n");
+        log_line("0,,,,,,,," + std::to_string(best));
+        save(best_path, best, false);
+      }
+      const auto start = std::chrono::steady_clock::now();
+      const int first = trainer.step();
+      const int last = stop_after > 0 ? std::min(stop_after, opt.updates) : opt.updates;
+      while (trainer.step() < last) {
+        const dc::UpdateStats st = trainer.update();
+        const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        const double eta = elapsed / double(st.update - first) * double(last - st.update);
+        std::string val;
+        if (st.update % validate_every == 0 || st.update == last) {
+          const auto v = trainer.validate(validation);
+          const double kl = mean(v);
+          val = std::to_string(kl);
+          if (kl < best) {
+            best = kl;
+            save(best_path, best, false);
+          }
+          std::fprintf(stderr, "\rupdate %5d/%d  validation KL %.4f (best %.4f)%30s\n", st.update,
+                       opt.updates, kl, best, "");
+        }
+        std::fprintf(stderr, "\rupdate %5d/%d  lr %.2e  reward %.4f  KL %.4f  H %.3f  |g| %.3g  %.0f tok/s  ETA %s   ",
+                     st.update, opt.updates, st.lr, st.reward, st.kl, st.entropy, st.grad_norm,
+                     double(st.tokens) / st.seconds, format_seconds(eta).c_str());
+        std::fflush(stderr);
+        char line[256];
+        std::snprintf(line, sizeof line, "%d,%g,%.6f,%.6f,%.5f,%.5g,%.3f,%.1f,", st.update, st.lr, st.reward,
+                      st.kl, st.entropy, st.grad_norm, st.seconds, double(st.tokens) / st.seconds);
+        log_line(line + val);
+        if (st.update % checkpoint_every == 0 || st.update == last) save(checkpoint_path, best, true);
+      }
+      std::fprintf(stderr, "\ntrain: done at update %d; best validation KL %.4f in %s, state in %s\n",
+                   trainer.step(), best, best_path.string().c_str(), checkpoint_path.string().c_str());
+      return 0;
+    };
+    if (dtype == "bf16") return run(dc::convert_host_weights<dc::bf16>(std::move(m.weights)));
+    return run(std::move(m.weights));
+  });
+}

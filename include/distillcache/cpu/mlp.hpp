@@ -1,0 +1,179 @@
+#pragma once
+// CPU forward and hand-written backward of the policy MLP (math/mlp.hpp has the layout).
+//
+//   x       [n, inputs]          the rows' inputs
+//   params  [layout.parameters()] the flat block: W_l [out, in] row-major, b_l [out], per layer
+//   scores  [n]                  one score per row
+//   saved   [n, saved_per_row]   every hidden unit's pre-activation, written by the forward for
+//                                the backward (may be null when no backward follows)
+//   dparams [parameters]         the backward *adds* d loss / d params for dscores [n]
+//
+// Rows go through in tiles of kMlpTile, units x tile in registers, so the inner loop over the
+// tile's rows vectorises. The backward sums the gradient of each fixed chunk of rows on its own
+// and adds the chunks up in order: the result is the same bits for any thread count, which the
+// trainer's resume identity needs.
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "../core/backend.hpp"
+#include "../core/config.hpp"
+#include "../math/mlp.hpp"
+
+namespace dc {
+
+namespace cpu_detail {
+
+inline constexpr int kMlpTile = 8;
+inline constexpr std::int64_t kMlpChunkRows = 1024;  // rows per gradient partial sum
+
+// One tile's forward: a [widest, tile] holds layer inputs, z the pre-activations.
+// Writes z of every hidden layer to saved (row-major per row) when it is not null, and the
+// output to scores.
+inline void mlp_tile_forward(const MlpLayout& L, const float* DC_RESTRICT params,
+                             const float* DC_RESTRICT x, std::int64_t row0, int rows,
+                             float* DC_RESTRICT scores, float* DC_RESTRICT saved, float* a, float* z) {
+  constexpr int T = kMlpTile;
+  for (int i = 0; i < L.inputs; ++i)
+    for (int r = 0; r < T; ++r)
+      a[i * T + r] = r < rows ? x[(row0 + r) * L.inputs + i] : 0.0f;
+  std::int64_t saved_offset = 0;
+  const std::int64_t saved_row = L.saved_per_row();
+  for (int l = 0; l < L.layers(); ++l) {
+    const int in = L.in(l), out = L.out(l);
+    const float* W = params + L.weight_offset(l);
+    const float* b = params + L.bias_offset(l);
+    for (int o = 0; o < out; ++o) {
+      float acc[T];
+      for (int r = 0; r < T; ++r) acc[r] = b[o];
+      const float* w = W + std::int64_t(o) * in;
+      for (int i = 0; i < in; ++i) {
+        const float wi = w[i];
+        for (int r = 0; r < T; ++r) acc[r] += wi * a[i * T + r];
+      }
+      for (int r = 0; r < T; ++r) z[o * T + r] = acc[r];
+    }
+    if (l + 1 == L.layers()) {
+      for (int r = 0; r < rows; ++r) scores[row0 + r] = z[r];
+      break;
+    }
+    if (saved)
+      for (int o = 0; o < out; ++o)
+        for (int r = 0; r < rows; ++r) saved[(row0 + r) * saved_row + saved_offset + o] = z[o * T + r];
+    saved_offset += out;
+    for (int o = 0; o < out * T; ++o) a[o] = math::activate(L.activation, z[o]);
+  }
+}
+
+}  // namespace cpu_detail
+
+inline void mlp_forward(const Context<cpu>&, const MlpLayout& layout, const float* params,
+                        const float* x, std::int64_t n, float* scores, float* saved) {
+  math::check_mlp_arguments(layout, params, x, n, "mlp_forward");
+  constexpr int T = cpu_detail::kMlpTile;
+  const std::int64_t tiles = (n + T - 1) / T;
+  const std::size_t width = std::size_t(layout.widest()) * T;
+DC_OMP(parallel if (tiles > 64))
+  {
+    std::vector<float> a(width), z(width);
+DC_OMP(for schedule(static))
+    for (std::int64_t t = 0; t < tiles; ++t)
+      cpu_detail::mlp_tile_forward(layout, params, x, t * T, int(std::min<std::int64_t>(T, n - t * T)),
+                                   scores, saved, a.data(), z.data());
+  }
+}
+
+namespace cpu_detail {
+
+// Adds one tile's gradient to g (a parameters-sized accumulator). Recomputes each layer's input
+// activations from the saved pre-activations.
+inline void mlp_tile_backward(const MlpLayout& L, const float* DC_RESTRICT params,
+                              const float* DC_RESTRICT x, const float* DC_RESTRICT saved,
+                              const float* DC_RESTRICT dscores, std::int64_t row0, int rows,
+                              float* DC_RESTRICT g, std::vector<std::vector<float>>& acts,
+                              std::vector<std::vector<float>>& pre, float* dz, float* da) {
+  constexpr int T = kMlpTile;
+  const int hidden_layers = int(L.hidden.size());
+  const std::int64_t saved_row = L.saved_per_row();
+  // acts[l]: input of layer l, [in(l), T]; pre[l]: pre-activation of hidden layer l, [out, T].
+  for (int i = 0; i < L.inputs; ++i)
+    for (int r = 0; r < T; ++r) acts[0][std::size_t(i * T + r)] = r < rows ? x[(row0 + r) * L.inputs + i] : 0.0f;
+  std::int64_t off = 0;
+  for (int l = 0; l < hidden_layers; ++l) {
+    const int out = L.out(l);
+    for (int o = 0; o < out; ++o)
+      for (int r = 0; r < T; ++r) {
+        const float zv = r < rows ? saved[(row0 + r) * saved_row + off + o] : 0.0f;
+        pre[std::size_t(l)][std::size_t(o * T + r)] = zv;
+        acts[std::size_t(l + 1)][std::size_t(o * T + r)] = r < rows ? math::activate(L.activation, zv) : 0.0f;
+      }
+    off += out;
+  }
+  // Output layer: dz = dscores (padding rows contribute nothing).
+  for (int r = 0; r < T; ++r) dz[r] = r < rows ? dscores[row0 + r] : 0.0f;
+  for (int l = L.layers() - 1; l >= 0; --l) {
+    const int in = L.in(l), out = L.out(l);
+    const float* W = params + L.weight_offset(l);
+    float* gW = g + L.weight_offset(l);
+    float* gb = g + L.bias_offset(l);
+    const float* a = acts[std::size_t(l)].data();
+    for (int o = 0; o < out; ++o) {
+      float bias = 0.0f;
+      for (int r = 0; r < T; ++r) bias += dz[o * T + r];
+      gb[o] += bias;
+      for (int i = 0; i < in; ++i) {
+        float s = 0.0f;
+        for (int r = 0; r < T; ++r) s += dz[o * T + r] * a[i * T + r];
+        gW[std::int64_t(o) * in + i] += s;
+      }
+    }
+    if (l == 0) break;
+    // da[i] = sum_o W[o, i] dz[o]; dz_prev = da * act'(pre).
+    std::fill(da, da + std::size_t(in) * T, 0.0f);
+    for (int o = 0; o < out; ++o) {
+      const float* w = W + std::int64_t(o) * in;
+      for (int i = 0; i < in; ++i) {
+        const float wi = w[i];
+        for (int r = 0; r < T; ++r) da[i * T + r] += wi * dz[o * T + r];
+      }
+    }
+    const float* p = pre[std::size_t(l - 1)].data();
+    for (int i = 0; i < in * T; ++i) dz[i] = da[i] * math::activate_derivative(L.activation, p[i]);
+  }
+}
+
+}  // namespace cpu_detail
+
+inline void mlp_backward(const Context<cpu>&, const MlpLayout& layout, const float* params,
+                         const float* x, const float* saved, const float* dscores, std::int64_t n,
+                         float* dparams) {
+  math::check_mlp_arguments(layout, params, x, n, "mlp_backward");
+  DC_CHECK(n == 0 || (saved && dscores && dparams), "mlp_backward: null saved activations, "
+           "score gradients or parameter gradients");
+  if (n == 0) return;
+  constexpr int T = cpu_detail::kMlpTile;
+  const std::int64_t chunk = cpu_detail::kMlpChunkRows;
+  const std::int64_t chunks = (n + chunk - 1) / chunk;
+  const std::size_t P = std::size_t(layout.parameters());
+  std::vector<float> partial(std::size_t(chunks) * P, 0.0f);
+  const std::size_t width = std::size_t(layout.widest()) * T;
+DC_OMP(parallel if (chunks > 1))
+  {
+    std::vector<std::vector<float>> acts(std::size_t(layout.layers()), std::vector<float>(width));
+    std::vector<std::vector<float>> pre(layout.hidden.size(), std::vector<float>(width));
+    std::vector<float> dz(width), da(width);
+DC_OMP(for schedule(static))
+    for (std::int64_t c = 0; c < chunks; ++c) {
+      float* g = partial.data() + std::size_t(c) * P;
+      const std::int64_t end = std::min(n, (c + 1) * chunk);
+      for (std::int64_t row = c * chunk; row < end; row += T)
+        cpu_detail::mlp_tile_backward(layout, params, x, saved, dscores, row,
+                                      int(std::min<std::int64_t>(T, end - row)), g, acts, pre,
+                                      dz.data(), da.data());
+    }
+  }
+  for (std::int64_t c = 0; c < chunks; ++c)
+    for (std::size_t p = 0; p < P; ++p) dparams[p] += partial[std::size_t(c) * P + p];
+}
+
+}  // namespace dc

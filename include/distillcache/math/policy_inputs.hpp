@@ -1,0 +1,48 @@
+#pragma once
+// The learned policy's inputs: the per-row features of cache/features.hpp made scale-free, so one
+// policy transfers across context lengths and models ("scale_free_v1").
+//
+// Raw features change scale with the context: with n tokens a uniform attention gives every
+// token mass 1/n, so alpha halves when the context doubles, and value norms differ per model and
+// layer. Each input is therefore taken relative to what is typical *within the row's group* (the
+// rows one keep-set is chosen from):
+//   alpha          log(alpha * n + eps)        mass relative to uniform (0 = uniform share)
+//   value_norm     log(||v|| / mean ||v||)     relative to the group's mean value norm
+//   head_variance  log(std * n + eps)          spread across heads, in the same units as alpha
+//   entropy        H / log(n)                  fraction of the largest entropy n tokens allow
+//   position       position / latest position  already in [0, 1]
+//   last_alpha     log(last * n + eps)         the newest query's mass (TOVA's signal), relative
+// n is the number of rows in the group. The logarithms keep heavy hitters (attention sinks take
+// half the mass) and near-zero tokens in a range an MLP with small weights handles, and eps
+// bounds the log for tokens no query attended to.
+#include <cmath>
+
+#include "../core/config.hpp"
+
+namespace dc::math {
+
+inline constexpr float kPolicyInputEps = 1e-3f;
+
+// log(mass * n + eps): 0 for the uniform share 1/n.
+DC_HD float input_log_relative_mass(float mass, int group_rows) {
+  const float m = mass > 0.0f ? mass : 0.0f;
+  return logf(m * static_cast<float>(group_rows) + kPolicyInputEps);
+}
+
+// log(v / mean): 0 for a typical value norm.
+DC_HD float input_log_relative_norm(float norm, float group_mean_norm) {
+  if (!(group_mean_norm > 0.0f)) return 0.0f;  // every norm zero: nothing to tell rows apart
+  return logf((norm > 0.0f ? norm : 0.0f) / group_mean_norm + kPolicyInputEps);
+}
+
+// log(std * n + eps) from the variance across heads.
+DC_HD float input_log_relative_spread(float variance, int group_rows) {
+  return input_log_relative_mass(sqrtf(variance > 0.0f ? variance : 0.0f), group_rows);
+}
+
+// H / log(n): the entropy as a fraction of its largest value for n tokens.
+DC_HD float input_relative_entropy(float entropy, int group_rows) {
+  return group_rows > 1 ? entropy / logf(static_cast<float>(group_rows)) : 0.0f;
+}
+
+}  // namespace dc::math

@@ -1,0 +1,111 @@
+#pragma once
+// MlpPolicy: the learned DistillCache policy. Scores every row with a small MLP over the row's
+// scale-free inputs (policy/policy_inputs.hpp); at inference the keep-set is the deterministic
+// top-B of each group (policy/select.hpp). It runs at any granularity, since inputs are taken
+// relative to the row's group.
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../core/finite.hpp"
+#include "../cpu/mlp.hpp"
+#include "../io/policy_checkpoint.hpp"
+#include "policy.hpp"
+#include "policy_inputs.hpp"
+
+namespace dc {
+
+class MlpPolicy final : public EvictionPolicy {
+ public:
+  // window: the prompt queries observed at prefill (0 = all).
+  MlpPolicy(std::vector<PolicyInput> inputs, MlpLayout layout, std::vector<float> params,
+            int window = 32, std::string name = "distillcache")
+      : inputs_(std::move(inputs)), layout_(std::move(layout)), params_(std::move(params)),
+        window_(window), name_(std::move(name)) {
+    DC_CHECK(!inputs_.empty(), "mlp policy: no inputs");
+    DC_CHECK(layout_.inputs == int(inputs_.size()), "mlp policy: the MLP takes ", layout_.inputs,
+             " inputs, the policy gives it ", inputs_.size());
+    DC_CHECK(std::int64_t(params_.size()) == layout_.parameters(), "mlp policy: ",
+             params_.size(), " parameters for an MLP of ", layout_.parameters());
+    DC_CHECK(window_ >= 0, "mlp policy: negative observation window ", window_);
+    check_all_finite(params_, "mlp policy: parameters");
+  }
+
+  // A freshly initialised policy: weights ~ N(0, 1/fan_in) (the output layer 10x smaller, so
+  // the untrained scores are nearly uniform), biases 0. Deterministic in seed.
+  static MlpPolicy initialised(std::vector<PolicyInput> inputs, std::vector<int> hidden,
+                               std::uint64_t seed, Activation activation = Activation::silu,
+                               int window = 32) {
+    MlpLayout layout(int(inputs.size()), std::move(hidden), activation);
+    std::vector<float> params(std::size_t(layout.parameters()), 0.0f);
+    std::mt19937_64 rng(seed);
+    for (int l = 0; l < layout.layers(); ++l) {
+      const float scale = float(1.0 / std::sqrt(double(layout.in(l)))) * (l + 1 == layout.layers() ? 0.1f : 1.0f);
+      std::normal_distribution<float> normal(0.0f, scale);
+      const std::int64_t w = layout.weight_offset(l), n = std::int64_t(layout.in(l)) * layout.out(l);
+      for (std::int64_t i = 0; i < n; ++i) params[std::size_t(w + i)] = normal(rng);
+    }
+    return MlpPolicy(std::move(inputs), std::move(layout), std::move(params), window);
+  }
+
+  static MlpPolicy from_checkpoint(const PolicyCheckpoint& c, std::string name = "distillcache") {
+    DC_CHECK(c.feature_normalisation == kPolicyNormalisation, "policy checkpoint: feature "
+             "normalisation '", c.feature_normalisation, "', this build knows '",
+             kPolicyNormalisation, "'");
+    std::vector<PolicyInput> inputs;
+    for (const std::string& s : c.inputs) inputs.push_back(parse_policy_input(s));
+    int window = 32;
+    if (c.extra.contains("observation_window")) {
+      DC_CHECK(c.extra["observation_window"].is_number_integer(),
+               "policy checkpoint: 'observation_window' is not an integer");
+      window = c.extra["observation_window"].get<int>();
+    }
+    MlpLayout layout(int(inputs.size()), c.hidden, parse_activation(c.activation));
+    return MlpPolicy(std::move(inputs), std::move(layout), c.weights, window, std::move(name));
+  }
+
+  PolicyCheckpoint to_checkpoint() const {
+    PolicyCheckpoint c;
+    c.feature_normalisation = kPolicyNormalisation;
+    for (PolicyInput i : inputs_) c.inputs.push_back(policy_input_name(i));
+    c.hidden = layout_.hidden;
+    c.activation = activation_name(layout_.activation);
+    c.weights = params_;
+    c.extra["observation_window"] = window_;
+    return c;
+  }
+
+  std::string name() const override { return name_; }
+  int observation_window() const override { return window_; }
+
+  const MlpLayout& layout() const { return layout_; }
+  const std::vector<PolicyInput>& inputs() const { return inputs_; }
+  std::span<float> params() { return params_; }
+  std::span<const float> params() const { return params_; }
+
+  // The inputs and scores of every row of f (what score() writes), for the trainer.
+  void forward(const TokenFeatures& f, std::vector<float>& inputs, std::span<float> scores,
+               float* saved = nullptr) const {
+    inputs = policy_inputs(f, inputs_);
+    mlp_forward(Context<cpu>{}, layout_, params_.data(), inputs.data(), f.size, scores.data(), saved);
+  }
+
+ protected:
+  void score_slots(const TokenFeatures& f, int, std::span<float> scores) override {
+    forward(f, inputs_scratch_, scores);
+  }
+
+ private:
+  std::vector<PolicyInput> inputs_;
+  MlpLayout layout_;
+  std::vector<float> params_;
+  int window_;
+  std::string name_;
+  std::vector<float> inputs_scratch_;
+};
+
+}  // namespace dc

@@ -1,0 +1,44 @@
+#pragma once
+// Every policy by the name a user types: a baseline (policy/baselines.hpp), "distillcache" (the
+// learned policy shipped with the library) or "distillcache=PATH" (a learned policy file, e.g.
+// one examples/train wrote).
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "../io/policy_checkpoint.hpp"
+#include "baselines.hpp"
+#include "mlp_policy.hpp"
+
+namespace dc {
+
+inline constexpr const char* kLearnedPolicyName = "distillcache";
+
+// The shipped policy: $DC_POLICY when set, else `fallback` (the examples pass the file in the
+// source tree's policies/ folder).
+inline std::filesystem::path shipped_policy_path(const std::filesystem::path& fallback) {
+  if (const char* p = std::getenv("DC_POLICY"); p && *p) return p;
+  return fallback;
+}
+
+inline std::unique_ptr<EvictionPolicy> make_policy(const std::string& spec, std::uint64_t seed,
+                                                   const std::filesystem::path& shipped) {
+  const std::string prefix = std::string(kLearnedPolicyName) + "=";
+  if (spec == kLearnedPolicyName || spec.rfind(prefix, 0) == 0) {
+    const std::filesystem::path path =
+        spec == kLearnedPolicyName ? shipped_policy_path(shipped) : std::filesystem::path(spec.substr(prefix.size()));
+    DC_CHECK(!path.empty(), "policy '", spec, "': no file given after '='");
+    return std::make_unique<MlpPolicy>(MlpPolicy::from_checkpoint(load_policy_checkpoint(path), spec));
+  }
+  const auto names = baseline_policy_names();
+  if (std::find(names.begin(), names.end(), spec) == names.end()) {
+    std::string known;
+    for (const auto& n : names) known += n + ", ";
+    DC_FAIL("unknown policy '", spec, "' (known: ", known, "distillcache, distillcache=PATH)");
+  }
+  return make_baseline_policy(spec, seed);
+}
+
+}  // namespace dc

@@ -1,0 +1,356 @@
+#pragma once
+// The REINFORCE trainer of the DistillCache policy.
+//
+// One update: for each of `contexts_per_update` contexts (taken in order from the training
+// windows, wrapping), the prompt is prefilled once with the policy's observation window; the
+// full cache (teacher) is teacher-forced on the continuation; then for every budget, K keep-sets
+// are sampled (Gumbel-top-k per group, rl/sampled_eviction.hpp) and each student is
+// teacher-forced on the same continuation from a copy of the one prefill. The reward of a
+// rollout is minus its mean per-step KL(teacher || student) over the steps its eviction can
+// change (step 0 predicts from the prompt's own logits and is the same for every student); the
+// advantage is leave-one-out over the K rollouts of that (context, budget) (rl/reinforce.hpp).
+// The loss, per (context, budget) and averaged over them,
+//   - 1/K sum_k A_k (1/picks) log p(S_k)  -  beta * mean over evictions and groups of H_g
+// (picks = the number of choices in one eviction, so a decision weighs the same at any budget
+// and granularity), is differentiated through the Plackett-Luce log-probability and the MLP
+// (rl/policy_gradient.hpp), clipped to a global norm, and applied by Adam (cpu/adam.hpp) with a
+// warm-up + cosine learning rate (rl/schedule.hpp).
+//
+// Everything random is keyed on (seed, update, context, budget, rollout, eviction), and the
+// data order on the update number, so the state is only the parameters, Adam's moments and
+// the step: a resumed run continues bit for bit (save_state / restore_state).
+#include <chrono>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "../cpu/adam.hpp"
+#include "../cpu/kl.hpp"
+#include "../decode/evicting_decoder.hpp"
+#include "../eval/fidelity.hpp"
+#include "policy_gradient.hpp"
+#include "reinforce.hpp"
+#include "sampled_eviction.hpp"
+#include "schedule.hpp"
+#include "warm_start.hpp"
+
+namespace dc {
+
+struct TrainerOptions {
+  int context = 512;       // prompt tokens L
+  int continuation = 32;   // teacher-forced tokens T
+  std::vector<double> budgets = {0.125, 0.25, 0.5};
+  int rollouts = 8;        // K keep-sets sampled per (context, budget)
+  Granularity granularity = Granularity::head;
+  EvictionMode mode = EvictionMode::prefill;
+  int chunk = 16;          // decode-mode slack (Budget::chunk)
+  int updates = 200;       // total updates: the learning-rate schedule spans them
+  int contexts_per_update = 1;
+  float lr = 3e-3f, lr_floor = 3e-4f;
+  int warmup = 10;
+  float entropy_bonus = 1e-3f;   // beta
+  float max_grad_norm = 1.0f;    // global-norm clipping
+  bool standardise_advantages = true;
+  std::uint64_t seed = 1;
+
+  void validate() const {
+    DC_CHECK(context > 0 && continuation >= 2, "trainer: context ", context, " must be > 0 and "
+             "continuation ", continuation, " >= 2 (step 0 is the same for every student)");
+    DC_CHECK(!budgets.empty(), "trainer: no budget");
+    for (double b : budgets)
+      DC_CHECK(b > 0.0 && b < 1.0, "trainer: budget fraction ", b, " must be in (0, 1)");
+    DC_CHECK(rollouts >= 2, "trainer: ", rollouts, " rollouts; leave-one-out needs at least 2");
+    DC_CHECK(updates >= 1 && contexts_per_update >= 1 && warmup >= 0 && warmup <= updates,
+             "trainer: updates ", updates, ", contexts per update ", contexts_per_update,
+             ", warm-up ", warmup, ": need updates >= 1, contexts >= 1, 0 <= warm-up <= updates");
+    DC_CHECK(chunk >= 1, "trainer: chunk must be >= 1, got ", chunk);
+    DC_CHECK(std::isfinite(entropy_bonus) && entropy_bonus >= 0.0f, "trainer: entropy bonus ",
+             entropy_bonus, " must be finite and >= 0");
+    DC_CHECK(std::isfinite(max_grad_norm) && max_grad_norm > 0.0f, "trainer: max gradient norm ",
+             max_grad_norm, " must be finite and > 0");
+  }
+
+  nlohmann::json to_json() const {
+    return {{"context", context}, {"continuation", continuation}, {"budgets", budgets},
+            {"rollouts", rollouts}, {"granularity", granularity_name(granularity)},
+            {"mode", mode == EvictionMode::prefill ? "prefill" : "decode"}, {"chunk", chunk},
+            {"updates", updates}, {"contexts_per_update", contexts_per_update}, {"lr", lr},
+            {"lr_floor", lr_floor}, {"warmup", warmup}, {"entropy_bonus", entropy_bonus},
+            {"max_grad_norm", max_grad_norm}, {"standardise_advantages", standardise_advantages},
+            {"seed", seed}};
+  }
+  static TrainerOptions from_json(const nlohmann::json& j) {
+    DC_CHECK(j.is_object(), "trainer options: not a JSON object");
+    TrainerOptions o;
+    try {
+      o.context = j.at("context").get<int>();
+      o.continuation = j.at("continuation").get<int>();
+      o.budgets = j.at("budgets").get<std::vector<double>>();
+      o.rollouts = j.at("rollouts").get<int>();
+      o.granularity = parse_granularity(j.at("granularity").get<std::string>());
+      const auto mode = j.at("mode").get<std::string>();
+      DC_CHECK(mode == "prefill" || mode == "decode", "trainer options: unknown mode '", mode, "'");
+      o.mode = mode == "prefill" ? EvictionMode::prefill : EvictionMode::decode;
+      o.chunk = j.at("chunk").get<int>();
+      o.updates = j.at("updates").get<int>();
+      o.contexts_per_update = j.at("contexts_per_update").get<int>();
+      o.lr = j.at("lr").get<float>();
+      o.lr_floor = j.at("lr_floor").get<float>();
+      o.warmup = j.at("warmup").get<int>();
+      o.entropy_bonus = j.at("entropy_bonus").get<float>();
+      o.max_grad_norm = j.at("max_grad_norm").get<float>();
+      o.standardise_advantages = j.at("standardise_advantages").get<bool>();
+      o.seed = j.at("seed").get<std::uint64_t>();
+    } catch (const nlohmann::json::exception& e) {
+      DC_FAIL("trainer options: ", e.what());
+    }
+    o.validate();
+    return o;
+  }
+};
+
+struct UpdateStats {
+  int update = 0;
+  float lr = 0.0f;
+  double reward = 0.0;       // mean return of the sampled students (= - mean KL)
+  double kl = 0.0;           // mean per-step KL of the sampled students
+  double entropy = 0.0;      // mean first-pick entropy per group
+  double grad_norm = 0.0;    // before clipping
+  double seconds = 0.0;
+  std::int64_t tokens = 0;   // tokens run through the model (prefill + teacher + students)
+};
+
+template <Backend B, class W>
+class ReinforceTrainer {
+ public:
+  ReinforceTrainer(Transformer<B, W>& model, MlpPolicy& policy, TrainerOptions options,
+                   std::vector<std::vector<std::int32_t>> windows)
+      : model_(model), policy_(policy), opt_(std::move(options)), windows_(std::move(windows)),
+        m_(policy.params().size(), 0.0f), v_(policy.params().size(), 0.0f),
+        grad_(policy.params().size(), 0.0f) {
+    opt_.validate();
+    DC_CHECK(!windows_.empty(), "trainer: no training context");
+    for (std::size_t i = 0; i < windows_.size(); ++i)
+      DC_CHECK(int(windows_[i].size()) == opt_.context + opt_.continuation, "trainer: context ", i,
+               " has ", windows_[i].size(), " tokens, need ", opt_.context + opt_.continuation);
+  }
+
+  const TrainerOptions& options() const { return opt_; }
+  int step() const { return step_; }
+  bool done() const { return step_ >= opt_.updates; }
+
+  // Runs the next update (step() + 1).
+  UpdateStats update() {
+    DC_CHECK(!done(), "trainer: all ", opt_.updates, " updates are done");
+    const auto start = std::chrono::steady_clock::now();
+    const int u = step_ + 1;
+    UpdateStats st;
+    st.update = u;
+    std::fill(grad_.begin(), grad_.end(), 0.0f);
+    const double pairs = double(opt_.contexts_per_update) * double(opt_.budgets.size());
+    double reward_sum = 0.0, entropy_sum = 0.0;
+    std::int64_t rollouts = 0, entropy_terms = 0;
+    for (int c = 0; c < opt_.contexts_per_update; ++c) {
+      const std::size_t w = (std::size_t(u - 1) * std::size_t(opt_.contexts_per_update) + std::size_t(c)) %
+                            windows_.size();
+      const std::span<const std::int32_t> window(windows_[w]);
+      const auto prompt = window.first(std::size_t(opt_.context));
+      const auto continuation = window.subspan(std::size_t(opt_.context));
+      const auto teacher = prefill_and_teach(prompt, continuation);
+      st.tokens += opt_.context + opt_.continuation;
+      for (std::size_t b = 0; b < opt_.budgets.size(); ++b) {
+        std::vector<double> returns(std::size_t(opt_.rollouts));
+        std::vector<std::vector<SampledEviction>> records(std::size_t(opt_.rollouts));
+        for (int k = 0; k < opt_.rollouts; ++k) {
+          const std::uint64_t stream =
+              ((((std::uint64_t(u) * 4096 + std::uint64_t(c)) * 64 + b) * 1024 + std::uint64_t(k)) << 16);
+          const double kl = rollout(continuation, teacher, opt_.budgets[b], stream,
+                                    records[std::size_t(k)]);
+          returns[std::size_t(k)] = -kl;
+          reward_sum += -kl;
+          ++rollouts;
+          st.tokens += opt_.continuation - 1;
+        }
+        const auto adv = leave_one_out_advantages(returns, opt_.standardise_advantages);
+        for (int k = 0; k < opt_.rollouts; ++k) {
+          const auto& recs = records[std::size_t(k)];
+          for (const SampledEviction& e : recs) {
+            const double picks = std::max<double>(1.0, double(e.picks.rows.size()));
+            const double groups = double(e.group_offsets.size() - 1);
+            const double weight = adv[std::size_t(k)] / (double(opt_.rollouts) * pairs * picks);
+            const double beta = double(opt_.entropy_bonus) /
+                                (double(opt_.rollouts) * pairs * double(recs.size()) * groups);
+            const auto t = accumulate_policy_gradient(policy_, e, weight, beta, grad_);
+            entropy_sum += t.entropy / groups;
+            ++entropy_terms;
+          }
+        }
+      }
+    }
+    const Context<cpu> host;
+    const auto n = std::int64_t(grad_.size());
+    st.grad_norm = grad_norm(host, grad_.data(), n);
+    scale_gradients(host, grad_.data(), n, math::clip_factor(st.grad_norm, opt_.max_grad_norm));
+    st.lr = learning_rate(u, opt_.warmup, opt_.updates, opt_.lr, opt_.lr_floor);
+    AdamHyper hyper;
+    hyper.lr = st.lr;
+    adam_update(host, policy_.params().data(), grad_.data(), m_.data(), v_.data(), n, hyper, u);
+    step_ = u;
+    st.reward = rollouts ? reward_sum / double(rollouts) : 0.0;
+    st.kl = -st.reward;
+    st.entropy = entropy_terms ? entropy_sum / double(entropy_terms) : 0.0;
+    st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return st;
+  }
+
+  // Warm start (rl/warm_start.hpp): fits the scores to sum_j target[j] * input_j (target has
+  // one coefficient per policy input, in the policy's input order; e.g. 2 * alpha + 8 *
+  // position: attention mass with a soft preference for recent tokens) on the first `contexts`
+  // training windows' features, at most max_rows rows taken evenly from them.
+  WarmStartResult warm_start(int contexts, std::span<const float> target, int steps, float lr,
+                             std::int64_t max_rows = 1 << 15) {
+    const auto& in = policy_.inputs();
+    DC_CHECK(target.size() == in.size(), "warm start: ", target.size(), " target coefficients for ",
+             in.size(), " policy inputs");
+    DC_CHECK(contexts >= 1 && max_rows >= 1, "warm start: ", contexts, " contexts, ", max_rows, " rows");
+    const std::size_t k = in.size();
+    std::vector<float> all_inputs;
+    for (int c = 0; c < contexts && std::size_t(c) < windows_.size(); ++c) {
+      const auto prompt = std::span<const std::int32_t>(windows_[std::size_t(c)]).first(std::size_t(opt_.context));
+      auto cache = model_.make_cache(opt_.context);
+      cache.set_observed_from(policy_.observation_start(opt_.context));
+      model_.forward(prompt, cache);
+      const TokenFeatures f = gather_features(model_.context(), cache, opt_.granularity);
+      const auto x = policy_inputs(f, in);
+      all_inputs.insert(all_inputs.end(), x.begin(), x.end());
+    }
+    const std::int64_t rows = std::int64_t(all_inputs.size() / k);
+    const std::int64_t stride = std::max<std::int64_t>(1, (rows + max_rows - 1) / max_rows);
+    std::vector<float> inputs, targets;
+    for (std::int64_t r = 0; r < rows; r += stride) {
+      const float* row = all_inputs.data() + std::size_t(r) * k;
+      inputs.insert(inputs.end(), row, row + k);
+      float t = 0.0f;
+      for (std::size_t j = 0; j < k; ++j) t += target[j] * row[j];
+      targets.push_back(t);
+    }
+    return fit_policy_scores(policy_, inputs, targets, steps, lr);
+  }
+
+  // Mean KL of the policy's deterministic keep-sets on held-out windows, per budget (same
+  // granularity and mode as training), through the evaluator examples/eval uses.
+  std::vector<double> validate(const std::vector<std::vector<std::int32_t>>& windows) {
+    std::vector<Budget> budgets;
+    for (double f : opt_.budgets) budgets.push_back(budget_of(f));
+    FidelityEvaluator<B, W> eval(model_, {&policy_}, budgets, opt_.mode, {opt_.granularity});
+    for (const auto& w : windows) {
+      DC_CHECK(int(w.size()) == opt_.context + opt_.continuation, "trainer: validation context of ",
+               w.size(), " tokens, need ", opt_.context + opt_.continuation);
+      const std::span<const std::int32_t> s(w);
+      eval.add_context(s.first(std::size_t(opt_.context)), s.subspan(std::size_t(opt_.context)),
+                       [](std::size_t) {});
+    }
+    std::vector<double> kl;
+    for (std::size_t b = 0; b < budgets.size(); ++b) kl.push_back(eval.total(0, 0, b).kl_mean());
+    return kl;
+  }
+
+  // The policy checkpoint with the optimizer state (Adam's moments, the step, the options):
+  // what a resumed run needs to continue bit for bit.
+  PolicyCheckpoint save_state() const {
+    PolicyCheckpoint c = policy_.to_checkpoint();
+    c.state["adam_m"] = m_;
+    c.state["adam_v"] = v_;
+    c.trainer = {{"step", step_}, {"options", opt_.to_json()}};
+    return c;
+  }
+  // Restores the optimizer state of a checkpoint save_state() wrote (the policy's parameters
+  // are loaded with the policy: MlpPolicy::from_checkpoint). The options must be the same.
+  void restore_state(const PolicyCheckpoint& c) {
+    DC_CHECK(c.trainer.is_object() && c.trainer.contains("step") && c.trainer.contains("options"),
+             "trainer: the checkpoint holds no trainer state (a policy file, not a training "
+             "checkpoint?)");
+    const TrainerOptions saved = TrainerOptions::from_json(c.trainer.at("options"));
+    DC_CHECK(saved.to_json() == opt_.to_json(), "trainer: the checkpoint was trained with other "
+             "options: ", saved.to_json().dump(), " (now ", opt_.to_json().dump(), ")");
+    for (const char* name : {"adam_m", "adam_v"}) {
+      DC_CHECK(c.state.count(name), "trainer: the checkpoint has no '", name, "' tensor");
+      DC_CHECK(c.state.at(name).size() == m_.size(), "trainer: '", name, "' has ",
+               c.state.at(name).size(), " entries for ", m_.size(), " parameters");
+    }
+    m_ = c.state.at("adam_m");
+    v_ = c.state.at("adam_v");
+    const int step = c.trainer.at("step").get<int>();
+    DC_CHECK(step >= 0 && step <= opt_.updates, "trainer: checkpoint step ", step, " outside [0, ",
+             opt_.updates, "]");
+    step_ = step;
+  }
+
+ private:
+  Budget budget_of(double fraction) const {
+    Budget b = Budget::of_fraction(fraction);
+    b.chunk = opt_.chunk;
+    return b;
+  }
+
+  struct Teacher {
+    KVCache<B> prefilled;
+    std::vector<float> prompt_logits;  // [vocab]: step 0
+    std::vector<float> rows;           // [T, vocab]: step t's next-token logits
+  };
+
+  Teacher prefill_and_teach(std::span<const std::int32_t> prompt,
+                            std::span<const std::int32_t> continuation) {
+    const int n = int(prompt.size());
+    Teacher t{model_.make_cache(n), {}, {}};
+    t.prefilled.set_observed_from(policy_.observation_start(n));
+    t.prompt_logits = model_.forward(prompt, t.prefilled);
+    // The full cache on the continuation, without statistics (nobody reads them).
+    auto full = model_.make_cache(n + int(continuation.size()));
+    full.copy_from(model_.context(), t.prefilled);
+    full.disable_statistics();
+    const std::size_t vocab = t.prompt_logits.size();
+    t.rows = t.prompt_logits;
+    std::vector<float> logits(vocab);
+    for (std::size_t s = 0; s + 1 < continuation.size(); ++s) {
+      model_.forward(continuation.subspan(s, 1), full, std::span<float>(logits));
+      t.rows.insert(t.rows.end(), logits.begin(), logits.end());
+    }
+    return t;
+  }
+
+  // One sampled student; returns its mean KL over steps 1..T-1.
+  double rollout(std::span<const std::int32_t> continuation, const Teacher& teacher, double fraction,
+                 std::uint64_t stream, std::vector<SampledEviction>& records) {
+    const int steps = int(continuation.size());
+    EvictingDecoder<B, W> dec(model_, policy_, budget_of(fraction), opt_.mode, opt_.context, steps,
+                              opt_.granularity);
+    GumbelSelector selector(policy_, opt_.seed, stream);
+    dec.set_selector(&selector);
+    dec.adopt_prefill(teacher.prefilled, teacher.prompt_logits);
+    const std::size_t vocab = teacher.prompt_logits.size();
+    std::vector<float> student(std::size_t(steps - 1) * vocab);
+    for (int t = 1; t < steps; ++t) {
+      const auto out = dec.step(continuation[std::size_t(t - 1)]);
+      std::copy(out.begin(), out.end(), student.begin() + std::ptrdiff_t(std::size_t(t - 1) * vocab));
+    }
+    std::vector<float> kl(std::size_t(steps - 1));
+    kl_rows(Context<cpu>{}, teacher.rows.data() + vocab, student.data(), steps - 1, int(vocab), kl.data());
+    double sum = 0.0;
+    for (float x : kl) sum += double(x);
+    records = selector.records();
+    return sum / double(steps - 1);
+  }
+
+  Transformer<B, W>& model_;
+  MlpPolicy& policy_;
+  TrainerOptions opt_;
+  std::vector<std::vector<std::int32_t>> windows_;
+  std::vector<float> m_, v_, grad_;
+  int step_ = 0;
+};
+
+}  // namespace dc

@@ -1,0 +1,212 @@
+// The learned policy's MLP against a double-precision reference and finite differences, its
+// inputs' scale-freedom, and the leave-one-out advantages.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include <distillcache/cpu/mlp.hpp>
+#include <distillcache/policy/mlp_policy.hpp>
+#include <distillcache/policy/policy_inputs.hpp>
+#include <distillcache/rl/reinforce.hpp>
+
+#include "../support/random.hpp"
+#include "../support/threads.hpp"
+
+namespace {
+
+const dc::Context<dc::cpu> kCpu{};
+
+double act(dc::Activation a, double x) {
+  switch (a) {
+    case dc::Activation::silu: return x / (1.0 + std::exp(-x));
+    case dc::Activation::tanh: return std::tanh(x);
+    case dc::Activation::relu: return x > 0 ? x : 0.0;
+  }
+  return x;
+}
+
+// Naive forward in double: one row at a time, the layout read directly.
+std::vector<double> reference_scores(const dc::MlpLayout& L, const std::vector<double>& p,
+                                     const std::vector<float>& x, int n) {
+  std::vector<double> out(static_cast<std::size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    std::vector<double> a(x.begin() + std::ptrdiff_t(r) * L.inputs, x.begin() + std::ptrdiff_t(r + 1) * L.inputs);
+    for (int l = 0; l < L.layers(); ++l) {
+      std::vector<double> z(static_cast<std::size_t>(L.out(l)));
+      for (int o = 0; o < L.out(l); ++o) {
+        double s = p[std::size_t(L.bias_offset(l) + o)];
+        for (int i = 0; i < L.in(l); ++i)
+          s += p[std::size_t(L.weight_offset(l) + std::int64_t(o) * L.in(l) + i)] * a[std::size_t(i)];
+        z[std::size_t(o)] = l + 1 == L.layers() ? s : act(L.activation, s);
+      }
+      a = z;
+    }
+    out[std::size_t(r)] = a[0];
+  }
+  return out;
+}
+
+std::vector<float> random_params(const dc::MlpLayout& L, unsigned seed) {
+  return dc_test::random_vector(std::size_t(L.parameters()), seed, 0.4f);
+}
+
+}  // namespace
+
+TEST_CASE("MlpLayout: offsets tile the flat block layer by layer") {
+  const dc::MlpLayout L(5, {32, 32});
+  CHECK(L.parameters() == 5 * 32 + 32 + 32 * 32 + 32 + 32 + 1);
+  CHECK(L.weight_offset(0) == 0);
+  CHECK(L.bias_offset(0) == 160);
+  CHECK(L.weight_offset(1) == 192);
+  CHECK(L.weight_offset(2) == 192 + 1024 + 32);
+  CHECK(L.saved_per_row() == 64);
+  CHECK_THROWS_WITH_AS(dc::MlpLayout(0, {8}), doctest::Contains("0 inputs"), dc::Error);
+  CHECK_THROWS_WITH_AS(dc::MlpLayout(5, {8, 0}), doctest::Contains("hidden layer of 0"), dc::Error);
+  CHECK_THROWS_WITH_AS(dc::parse_activation("gelu"), doctest::Contains("unknown activation 'gelu'"), dc::Error);
+}
+
+TEST_CASE("mlp_forward equals a double-precision reference for every activation") {
+  for (auto a : {dc::Activation::silu, dc::Activation::tanh, dc::Activation::relu}) {
+    CAPTURE(dc::activation_name(a));
+    const dc::MlpLayout L(5, {7, 3}, a);
+    const int n = 37;  // not a multiple of the tile
+    const auto x = dc_test::random_vector(std::size_t(n) * 5, 3);
+    const auto p = random_params(L, 4);
+    std::vector<float> scores(static_cast<std::size_t>(n)), saved(std::size_t(n * L.saved_per_row()));
+    dc::mlp_forward(kCpu, L, p.data(), x.data(), n, scores.data(), saved.data());
+    const auto want = reference_scores(L, std::vector<double>(p.begin(), p.end()), x, n);
+    for (int r = 0; r < n; ++r) CHECK(scores[std::size_t(r)] == doctest::Approx(want[std::size_t(r)]).epsilon(1e-5));
+  }
+}
+
+TEST_CASE("mlp_backward matches central finite differences of the double reference") {
+  for (auto a : {dc::Activation::silu, dc::Activation::tanh}) {
+    CAPTURE(dc::activation_name(a));
+    const dc::MlpLayout L(5, {6, 4}, a);
+    const int n = 19;
+    const auto x = dc_test::random_vector(std::size_t(n) * 5, 11);
+    const auto p = random_params(L, 12);
+    const auto c = dc_test::random_vector(std::size_t(n), 13);  // loss = sum_r c_r s_r
+    std::vector<float> scores(static_cast<std::size_t>(n)), saved(std::size_t(n * L.saved_per_row()));
+    dc::mlp_forward(kCpu, L, p.data(), x.data(), n, scores.data(), saved.data());
+    std::vector<float> grad(std::size_t(L.parameters()), 0.0f);
+    dc::mlp_backward(kCpu, L, p.data(), x.data(), saved.data(), c.data(), n, grad.data());
+    const std::vector<double> pd(p.begin(), p.end());
+    auto loss = [&](const std::vector<double>& q) {
+      const auto s = reference_scores(L, q, x, n);
+      double sum = 0.0;
+      for (int r = 0; r < n; ++r) sum += double(c[std::size_t(r)]) * s[std::size_t(r)];
+      return sum;
+    };
+    double worst = 0.0;
+    for (std::size_t i = 0; i < pd.size(); ++i) {
+      auto plus = pd, minus = pd;
+      const double h = 1e-5;
+      plus[i] += h;
+      minus[i] -= h;
+      const double fd = (loss(plus) - loss(minus)) / (2 * h);
+      const double rel = std::abs(double(grad[i]) - fd) / std::max(1e-3, std::abs(fd));
+      worst = std::max(worst, rel);
+    }
+    CHECK(worst < 1e-3);
+  }
+}
+
+TEST_CASE("mlp_backward accumulates and gives the same bits for 1, 2 and 3 threads") {
+  const dc::MlpLayout L(5, {32, 32});
+  const int n = 5000;  // several gradient chunks
+  const auto x = dc_test::random_vector(std::size_t(n) * 5, 21);
+  const auto p = random_params(L, 22);
+  const auto c = dc_test::random_vector(std::size_t(n), 23);
+  auto run = [&]() {
+    std::vector<float> scores(static_cast<std::size_t>(n)), saved(std::size_t(n * L.saved_per_row()));
+    dc::mlp_forward(kCpu, L, p.data(), x.data(), n, scores.data(), saved.data());
+    std::vector<float> grad(std::size_t(L.parameters()), 1.0f);  // accumulates onto 1
+    dc::mlp_backward(kCpu, L, p.data(), x.data(), saved.data(), c.data(), n, grad.data());
+    grad.insert(grad.end(), scores.begin(), scores.end());
+    return grad;
+  };
+  const auto one = dc_test::with_threads(1, run);
+  CHECK(dc_test::with_threads(2, run) == one);
+  CHECK(dc_test::with_threads(3, run) == one);
+  // Accumulation: a second backward onto the result doubles the gradient part.
+  std::vector<float> scores(static_cast<std::size_t>(n)), saved(std::size_t(n * L.saved_per_row()));
+  dc::mlp_forward(kCpu, L, p.data(), x.data(), n, scores.data(), saved.data());
+  std::vector<float> g1(std::size_t(L.parameters()), 0.0f);
+  dc::mlp_backward(kCpu, L, p.data(), x.data(), saved.data(), c.data(), n, g1.data());
+  CHECK(one[0] == doctest::Approx(1.0f + g1[0]));
+}
+
+TEST_CASE("scale-free inputs: a uniform attention reads the same at n and 2n tokens") {
+  // One group of n rows receiving the uniform share 1/n, value norms around 3 (or 30).
+  auto features = [](int n, float norm_scale) {
+    dc::TokenFeatures f;
+    f.granularity = dc::Granularity::shared;
+    f.size = n;
+    f.latest_position = n - 1;
+    f.groups.push_back({0, 1, 0, 1, 0, n});
+    for (int i = 0; i < n; ++i) {
+      const float row[dc::kNumFeatures] = {1.0f / float(n), norm_scale * (1.0f + 0.1f * float(i % 3)),
+                                           0.25f / float(n * n), std::log(float(n)),
+                                           float(i) / float(n - 1)};
+      f.x.insert(f.x.end(), row, row + dc::kNumFeatures);
+      f.group.push_back(0);
+      f.slot.push_back(i);
+      f.position.push_back(i);
+      f.accumulated_mass.push_back(1.0f);
+      f.last_query_mass.push_back(1.0f / float(n));
+      f.key_norm.push_back(1.0f);
+      f.expected_attention.push_back(0.0f);
+    }
+    f.validate();
+    return f;
+  };
+  const std::vector<dc::PolicyInput> all = {dc::PolicyInput::alpha, dc::PolicyInput::value_norm,
+                                            dc::PolicyInput::head_variance, dc::PolicyInput::entropy,
+                                            dc::PolicyInput::position, dc::PolicyInput::last_alpha};
+  const auto small = dc::policy_inputs(features(300, 3.0f), all);
+  const auto large = dc::policy_inputs(features(600, 30.0f), all);
+  // Row i of the short context and row 2i of the long one: same relative place, same inputs.
+  for (int i = 0; i < 300; i += 3)
+    for (std::size_t j = 0; j < all.size(); ++j) {
+      CAPTURE(dc::policy_input_name(all[j]));
+      const float a = small[std::size_t(i) * all.size() + j], b = large[std::size_t(2 * i) * all.size() + j];
+      CHECK(a == doctest::Approx(b).epsilon(0.02).scale(1.0));
+    }
+  // Uniform mass reads as 0 (log of 1 + eps), the raw alpha does not.
+  CHECK(std::abs(small[0]) < 2e-3f);
+}
+
+TEST_CASE("MlpPolicy scores rows with its MLP and rejects an inconsistent construction") {
+  auto policy = dc::MlpPolicy::initialised(dc::paper_policy_inputs(), {8, 8}, 7);
+  CHECK(policy.name() == "distillcache");
+  CHECK(policy.layout().parameters() == std::int64_t(policy.params().size()));
+  CHECK_THROWS_WITH_AS(dc::MlpPolicy(dc::paper_policy_inputs(), dc::MlpLayout(6, {8}),
+                                     std::vector<float>(std::size_t(dc::MlpLayout(6, {8}).parameters()))),
+                       doctest::Contains("takes 6 inputs, the policy gives it 5"), dc::Error);
+  std::vector<float> bad(std::size_t(dc::MlpLayout(5, {8}).parameters()), 0.0f);
+  bad[3] = NAN;
+  CHECK_THROWS_WITH_AS(dc::MlpPolicy(dc::paper_policy_inputs(), dc::MlpLayout(5, {8}), bad),
+                       doctest::Contains("parameters"), dc::Error);
+  CHECK_THROWS_WITH_AS(dc::parse_policy_input("alpha2"), doctest::Contains("unknown policy input 'alpha2'"), dc::Error);
+}
+
+TEST_CASE("leave-one-out advantages") {
+  const std::vector<double> g = {-1.0, -2.0, -3.0};
+  const auto a = dc::leave_one_out_advantages(g);
+  CHECK(a[0] == doctest::Approx(-1.0 - (-2.5)));
+  CHECK(a[1] == doctest::Approx(-2.0 - (-2.0)));
+  CHECK(a[2] == doctest::Approx(-3.0 - (-1.5)));
+  double sum = 0.0;
+  for (double x : a) sum += x;
+  CHECK(sum == doctest::Approx(0.0).scale(1.0));  // the baseline is unbiased: advantages sum to 0
+  const auto s = dc::leave_one_out_advantages(g, true);
+  CHECK(s[0] == doctest::Approx(a[0] / std::sqrt(2.0 / 3.0)));
+  CHECK_THROWS_WITH_AS(dc::leave_one_out_advantages(std::vector<double>{1.0}),
+                       doctest::Contains("at least 2 rollouts"), dc::Error);
+  CHECK_THROWS_WITH_AS(dc::leave_one_out_advantages(std::vector<double>{1.0, NAN}),
+                       doctest::Contains("a return is nan"), dc::Error);
+}
