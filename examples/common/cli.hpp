@@ -22,6 +22,7 @@
 #include <stdexcept>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include <distillcache/core/error.hpp>
 
@@ -82,6 +83,16 @@ int run_reporting_errors(const char* program, Body&& body) {
 }
 
 // ---- Validators with one-line messages (CLI11 prefixes them with the flag's name) ----------
+
+// "a,b,,c" -> {"a", "b", "c"}: the comma lists of --budget, --policy, --granularity, ...
+inline std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::string item;
+  std::stringstream in(s);
+  while (std::getline(in, item, ','))
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
 
 namespace detail {
 // std::stoll / std::stod over the whole string: the value, or why not.

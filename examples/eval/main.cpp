@@ -21,15 +21,6 @@
 
 namespace {
 
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  std::string item;
-  std::stringstream in(s);
-  while (std::getline(in, item, ','))
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
-
 double parse_fraction(const std::string& s) {
   const auto v = dc_examples::detail::to_number(s);
   DC_CHECK(v.has_value(), "--budget: '", s, "' is not a number");
@@ -74,7 +65,7 @@ int main(int argc, char** argv) {
   if (const auto status = parse_command_line(app, argc, argv, "eval")) return *status;
 
   return run_reporting_errors("eval", [&]() -> int {
-    const auto policy_names = split(policies_arg);
+    const auto policy_names = split_list(policies_arg);
     DC_CHECK(!policy_names.empty(), "--policy: no policy given");
     std::vector<std::unique_ptr<dc::EvictionPolicy>> owned;
     std::vector<dc::EvictionPolicy*> policies;
@@ -83,11 +74,11 @@ int main(int argc, char** argv) {
       policies.push_back(owned.back().get());
     }
     std::vector<dc::Granularity> granularities;
-    for (const auto& g : split(granularities_arg)) granularities.push_back(dc::parse_granularity(g));
+    for (const auto& g : split_list(granularities_arg)) granularities.push_back(dc::parse_granularity(g));
     DC_CHECK(!granularities.empty(), "--granularity: none given");
     std::vector<double> fractions;
     std::vector<dc::Budget> budgets;
-    for (const auto& s : split(budgets_arg)) {
+    for (const auto& s : split_list(budgets_arg)) {
       dc::Budget b = dc::Budget::of_fraction(parse_fraction(s));
       b.chunk = chunk;
       b.sink = sink;

@@ -23,15 +23,6 @@
 
 namespace {
 
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  std::string item;
-  std::stringstream in(s);
-  while (std::getline(in, item, ','))
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
-
 std::string one_line_text(std::string s, std::size_t max_chars = 160) {
   for (char& c : s)
     if (c == '\n' || c == '\r' || c == '\t') c = ' ';
@@ -65,7 +56,7 @@ int main(int argc, char** argv) {
 
   return run_reporting_errors("infer", [&]() -> int {
     DC_CHECK(prompt_text.empty() != text_path.empty(), "give exactly one of --prompt TEXT and --text FILE");
-    const auto names = split(policies_arg);
+    const auto names = split_list(policies_arg);
     DC_CHECK(!names.empty(), "--policy: no policy given");
     std::vector<std::unique_ptr<dc::EvictionPolicy>> owned;
     std::vector<dc::EvictionPolicy*> policies;

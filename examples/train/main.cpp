@@ -22,15 +22,6 @@
 
 namespace {
 
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  std::string item;
-  std::stringstream in(s);
-  while (std::getline(in, item, ','))
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
-
 std::string format_seconds(double s) {
   char buf[32];
   if (s >= 3600) std::snprintf(buf, sizeof buf, "%dh%02dm", int(s / 3600), int(s / 60) % 60);
@@ -72,6 +63,8 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", opt.warmup, "warm-up updates")->check(integer_in(0, 1 << 24));
   app.add_option("--entropy-bonus", opt.entropy_bonus, "beta of the first-pick entropy bonus")->check(finite_number(0.0, 100.0));
   app.add_option("--max-grad-norm", opt.max_grad_norm, "global gradient-norm clip")->check(finite_number(1e-9, 1e9));
+  app.add_option("--explore-groups", opt.explore_groups, "groups sampled per eviction; the rest keep "
+                 "their greedy top-B (0 = sample every group)")->check(integer_in(0, 1 << 20));
   app.add_option("--seed", opt.seed, "seed of the initialisation and the sampling")->check(unsigned_integer());
   app.add_option("--hidden", hidden_arg, "hidden layer sizes, e.g. 32,32");
   app.add_option("--inputs", inputs_arg, "policy inputs: alpha,value_norm,head_variance,entropy,position[,last_alpha]");
@@ -96,19 +89,19 @@ int main(int argc, char** argv) {
     opt.granularity = dc::parse_granularity(granularity_arg);
     opt.mode = mode_arg == "prefill" ? dc::EvictionMode::prefill : dc::EvictionMode::decode;
     opt.budgets.clear();
-    for (const auto& s : split(budgets_arg)) {
+    for (const auto& s : split_list(budgets_arg)) {
       const auto v = detail::to_number(s);
       DC_CHECK(v.has_value(), "--budget: '", s, "' is not a number");
       opt.budgets.push_back(*v);
     }
     std::vector<int> hidden;
-    for (const auto& s : split(hidden_arg)) {
+    for (const auto& s : split_list(hidden_arg)) {
       const auto v = detail::to_integer(s);
       DC_CHECK(v.has_value() && *v > 0 && *v <= 4096, "--hidden: '", s, "' is not a size in 1..4096");
       hidden.push_back(int(*v));
     }
     std::vector<dc::PolicyInput> inputs;
-    for (const auto& s : split(inputs_arg)) inputs.push_back(dc::parse_policy_input(s));
+    for (const auto& s : split_list(inputs_arg)) inputs.push_back(dc::parse_policy_input(s));
 
     std::optional<dc::PolicyCheckpoint> resume;
     if (!resume_path.empty()) {
@@ -177,7 +170,7 @@ int main(int argc, char** argv) {
       };
       if (trainer.step() == 0 && init_target != "none" && init_steps > 0) {
         std::vector<float> coefficients(policy.inputs().size(), 0.0f);
-        for (const auto& term : split(init_target)) {
+        for (const auto& term : split_list(init_target)) {
           const auto eq = term.find('=');
           DC_CHECK(eq != std::string::npos, "--init-target: '", term, "' is not INPUT=COEFFICIENT");
           const auto input = dc::parse_policy_input(term.substr(0, eq));

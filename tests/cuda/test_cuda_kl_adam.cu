@@ -19,6 +19,7 @@
 #include <distillcache/cuda/kl.cuh>
 #include <distillcache/distillcache.cuh>
 
+#include "../support/cuda_compare.cuh"
 #include "../support/random.hpp"
 
 namespace {
@@ -27,28 +28,9 @@ using Gpu = dc::Context<dc::cuda>;
 const dc::Context<dc::cpu> kCpu{};
 using dc_test::random_vector;
 
-dc::Tensor<float, dc::cuda> upload(const Gpu& ctx, const std::vector<float>& host) {
-  dc::Tensor<float, dc::cuda> t(dc::Shape{std::int64_t(host.size())});
-  dc::copy_to_backend(ctx, t.data(), host.data(), host.size());
-  return t;
-}
-std::vector<float> download(const Gpu& ctx, const dc::Tensor<float, dc::cuda>& t) {
-  std::vector<float> host(std::size_t(t.numel()));
-  dc::copy_to_host(ctx, host.data(), t.data(), host.size());
-  return host;
-}
-
-// max|got - want| / max(1e-6, max|want|); NaN anywhere in got reads as +inf.
-float normalised_error(std::span<const float> got, std::span<const float> want) {
-  REQUIRE(got.size() == want.size());
-  float diff = 0.0f, scale = 0.0f;
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    if (std::isnan(got[i])) return std::numeric_limits<float>::infinity();
-    diff = std::max(diff, std::fabs(got[i] - want[i]));
-    scale = std::max(scale, std::fabs(want[i]));
-  }
-  return diff / std::max(1e-6f, scale);
-}
+using dc_test::download;
+using dc_test::normalised_error;
+using dc_test::upload;
 
 // out[r] of both backends for p, q of [rows, vocab].
 struct KlPair {

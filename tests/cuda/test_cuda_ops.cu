@@ -19,6 +19,7 @@
 
 #include <distillcache/distillcache.cuh>
 
+#include "../support/cuda_compare.cuh"
 #include "../support/random.hpp"
 
 namespace {
@@ -41,31 +42,9 @@ std::vector<dc::bf16> to_bf16_vector(const std::vector<float>& v) {
   return out;
 }
 
-template <class T>
-dc::Tensor<T, dc::cuda> upload(const Gpu& ctx, const std::vector<T>& host) {
-  dc::Tensor<T, dc::cuda> t(dc::Shape{std::int64_t(host.size())});
-  dc::copy_to_backend(ctx, t.data(), host.data(), host.size());
-  return t;
-}
-
-template <class T>
-std::vector<T> download(const Gpu& ctx, const dc::Tensor<T, dc::cuda>& t) {
-  std::vector<T> host(std::size_t(t.numel()));
-  dc::copy_to_host(ctx, host.data(), t.data(), host.size());
-  return host;
-}
-
-// max|got - want| / max(1e-6, max|want|); NaN anywhere in got reads as +inf.
-float normalised_error(std::span<const float> got, std::span<const float> want) {
-  REQUIRE(got.size() == want.size());
-  float diff = 0.0f, scale = 0.0f;
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    if (std::isnan(got[i])) return std::numeric_limits<float>::infinity();
-    diff = std::max(diff, std::fabs(got[i] - want[i]));
-    scale = std::max(scale, std::fabs(want[i]));
-  }
-  return diff / std::max(1e-6f, scale);
-}
+using dc_test::download;
+using dc_test::normalised_error;
+using dc_test::upload;
 
 // Positions of len cached slots per KV head, [kv_heads, capacity]: 0..len-1 in every head, or
 // (compacted) per head its own sorted random subset of 0..2*len-n-1 followed by the n newest

@@ -24,7 +24,8 @@ namespace dc {
 
 namespace cpu_detail {
 
-inline constexpr int kMlpTile = 8;
+// 32 rows: four 8-float vectors per unit, four independent FMA chains to hide their latency.
+inline constexpr int kMlpTile = 32;
 inline constexpr std::int64_t kMlpChunkRows = 1024;  // rows per gradient partial sum
 
 // One tile's forward: a [widest, tile] holds layer inputs, z the pre-activations.
@@ -61,7 +62,7 @@ inline void mlp_tile_forward(const MlpLayout& L, const float* DC_RESTRICT params
       for (int o = 0; o < out; ++o)
         for (int r = 0; r < rows; ++r) saved[(row0 + r) * saved_row + saved_offset + o] = z[o * T + r];
     saved_offset += out;
-    for (int o = 0; o < out * T; ++o) a[o] = math::activate(L.activation, z[o]);
+    math::activate_all(L.activation, z, a, out * T);
   }
 }
 
@@ -85,8 +86,8 @@ DC_OMP(for schedule(static))
 
 namespace cpu_detail {
 
-// Adds one tile's gradient to g (a parameters-sized accumulator). Recomputes each layer's input
-// activations from the saved pre-activations.
+// Adds one tile's gradient to g, [parameters, kMlpTile]: one lane per row of the tile.
+// Recomputes each layer's input activations from the saved pre-activations.
 inline void mlp_tile_backward(const MlpLayout& L, const float* DC_RESTRICT params,
                               const float* DC_RESTRICT x, const float* DC_RESTRICT saved,
                               const float* DC_RESTRICT dscores, std::int64_t row0, int rows,
@@ -101,12 +102,11 @@ inline void mlp_tile_backward(const MlpLayout& L, const float* DC_RESTRICT param
   std::int64_t off = 0;
   for (int l = 0; l < hidden_layers; ++l) {
     const int out = L.out(l);
+    float* p = pre[std::size_t(l)].data();
     for (int o = 0; o < out; ++o)
-      for (int r = 0; r < T; ++r) {
-        const float zv = r < rows ? saved[(row0 + r) * saved_row + off + o] : 0.0f;
-        pre[std::size_t(l)][std::size_t(o * T + r)] = zv;
-        acts[std::size_t(l + 1)][std::size_t(o * T + r)] = r < rows ? math::activate(L.activation, zv) : 0.0f;
-      }
+      for (int r = 0; r < T; ++r) p[o * T + r] = r < rows ? saved[(row0 + r) * saved_row + off + o] : 0.0f;
+    math::activate_all(L.activation, p, acts[std::size_t(l + 1)].data(), out * T);
+    // Padding rows: their activations must be 0 (act(0) is 0 for every activation here).
     off += out;
   }
   // Output layer: dz = dscores (padding rows contribute nothing).
@@ -114,17 +114,17 @@ inline void mlp_tile_backward(const MlpLayout& L, const float* DC_RESTRICT param
   for (int l = L.layers() - 1; l >= 0; --l) {
     const int in = L.in(l), out = L.out(l);
     const float* W = params + L.weight_offset(l);
-    float* gW = g + L.weight_offset(l);
-    float* gb = g + L.bias_offset(l);
+    float* gW = g + L.weight_offset(l) * T;  // g: [parameters, T] lanes
+    float* gb = g + L.bias_offset(l) * T;
     const float* a = acts[std::size_t(l)].data();
+    // Per-lane sums (one per row of the tile): vertical FMAs that vectorise; the caller adds
+    // the lanes up once per chunk.
     for (int o = 0; o < out; ++o) {
-      float bias = 0.0f;
-      for (int r = 0; r < T; ++r) bias += dz[o * T + r];
-      gb[o] += bias;
+      float* bias = gb + std::int64_t(o) * T;
+      for (int r = 0; r < T; ++r) bias[r] += dz[o * T + r];
       for (int i = 0; i < in; ++i) {
-        float s = 0.0f;
-        for (int r = 0; r < T; ++r) s += dz[o * T + r] * a[i * T + r];
-        gW[std::int64_t(o) * in + i] += s;
+        float* w = gW + (std::int64_t(o) * in + i) * T;
+        for (int r = 0; r < T; ++r) w[r] += dz[o * T + r] * a[i * T + r];
       }
     }
     if (l == 0) break;
@@ -137,8 +137,7 @@ inline void mlp_tile_backward(const MlpLayout& L, const float* DC_RESTRICT param
         for (int r = 0; r < T; ++r) da[i * T + r] += wi * dz[o * T + r];
       }
     }
-    const float* p = pre[std::size_t(l - 1)].data();
-    for (int i = 0; i < in * T; ++i) dz[i] = da[i] * math::activate_derivative(L.activation, p[i]);
+    math::activate_backward_all(L.activation, pre[std::size_t(l - 1)].data(), da, dz, in * T);
   }
 }
 
@@ -161,15 +160,21 @@ DC_OMP(parallel if (chunks > 1))
   {
     std::vector<std::vector<float>> acts(std::size_t(layout.layers()), std::vector<float>(width));
     std::vector<std::vector<float>> pre(layout.hidden.size(), std::vector<float>(width));
-    std::vector<float> dz(width), da(width);
+    std::vector<float> dz(width), da(width), lanes(P * T);
 DC_OMP(for schedule(static))
     for (std::int64_t c = 0; c < chunks; ++c) {
-      float* g = partial.data() + std::size_t(c) * P;
+      std::fill(lanes.begin(), lanes.end(), 0.0f);
       const std::int64_t end = std::min(n, (c + 1) * chunk);
       for (std::int64_t row = c * chunk; row < end; row += T)
         cpu_detail::mlp_tile_backward(layout, params, x, saved, dscores, row,
-                                      int(std::min<std::int64_t>(T, end - row)), g, acts, pre,
-                                      dz.data(), da.data());
+                                      int(std::min<std::int64_t>(T, end - row)), lanes.data(), acts,
+                                      pre, dz.data(), da.data());
+      float* g = partial.data() + std::size_t(c) * P;
+      for (std::size_t p = 0; p < P; ++p) {
+        float sum = 0.0f;
+        for (int r = 0; r < T; ++r) sum += lanes[p * T + std::size_t(r)];
+        g[p] = sum;
+      }
     }
   }
   for (std::int64_t c = 0; c < chunks; ++c)

@@ -54,6 +54,7 @@ struct TrainerOptions {
   float entropy_bonus = 1e-3f;   // beta
   float max_grad_norm = 1.0f;    // global-norm clipping
   bool standardise_advantages = true;
+  int explore_groups = 8;        // groups sampled per eviction (0 = all; rl/sampled_eviction.hpp)
   std::uint64_t seed = 1;
 
   void validate() const {
@@ -67,6 +68,7 @@ struct TrainerOptions {
              "trainer: updates ", updates, ", contexts per update ", contexts_per_update,
              ", warm-up ", warmup, ": need updates >= 1, contexts >= 1, 0 <= warm-up <= updates");
     DC_CHECK(chunk >= 1, "trainer: chunk must be >= 1, got ", chunk);
+    DC_CHECK(explore_groups >= 0, "trainer: explore_groups must be >= 0, got ", explore_groups);
     DC_CHECK(std::isfinite(entropy_bonus) && entropy_bonus >= 0.0f, "trainer: entropy bonus ",
              entropy_bonus, " must be finite and >= 0");
     DC_CHECK(std::isfinite(max_grad_norm) && max_grad_norm > 0.0f, "trainer: max gradient norm ",
@@ -80,7 +82,7 @@ struct TrainerOptions {
             {"updates", updates}, {"contexts_per_update", contexts_per_update}, {"lr", lr},
             {"lr_floor", lr_floor}, {"warmup", warmup}, {"entropy_bonus", entropy_bonus},
             {"max_grad_norm", max_grad_norm}, {"standardise_advantages", standardise_advantages},
-            {"seed", seed}};
+            {"explore_groups", explore_groups}, {"seed", seed}};
   }
   static TrainerOptions from_json(const nlohmann::json& j) {
     DC_CHECK(j.is_object(), "trainer options: not a JSON object");
@@ -103,6 +105,7 @@ struct TrainerOptions {
       o.entropy_bonus = j.at("entropy_bonus").get<float>();
       o.max_grad_norm = j.at("max_grad_norm").get<float>();
       o.standardise_advantages = j.at("standardise_advantages").get<bool>();
+      o.explore_groups = j.at("explore_groups").get<int>();
       o.seed = j.at("seed").get<std::uint64_t>();
     } catch (const nlohmann::json::exception& e) {
       DC_FAIL("trainer options: ", e.what());
@@ -179,7 +182,7 @@ class ReinforceTrainer {
           const auto& recs = records[std::size_t(k)];
           for (const SampledEviction& e : recs) {
             const double picks = std::max<double>(1.0, double(e.picks.rows.size()));
-            const double groups = double(e.group_offsets.size() - 1);
+            const double groups = double(e.group_offsets.size() - 1);  // the entropy is over all
             const double weight = adv[std::size_t(k)] / (double(opt_.rollouts) * pairs * picks);
             const double beta = double(opt_.entropy_bonus) /
                                 (double(opt_.rollouts) * pairs * double(recs.size()) * groups);
@@ -328,7 +331,7 @@ class ReinforceTrainer {
     const int steps = int(continuation.size());
     EvictingDecoder<B, W> dec(model_, policy_, budget_of(fraction), opt_.mode, opt_.context, steps,
                               opt_.granularity);
-    GumbelSelector selector(policy_, opt_.seed, stream);
+    GumbelSelector selector(policy_, opt_.seed, stream, opt_.explore_groups);
     dec.set_selector(&selector);
     dec.adopt_prefill(teacher.prefilled, teacher.prompt_logits);
     const std::size_t vocab = teacher.prompt_logits.size();
