@@ -108,9 +108,16 @@ DC_HD float exp_fast_in_range(float x) {
 }
 DC_HD float exp_fast(float x) { return exp_fast_in_range(exp_input_clamp(x)); }
 
+// SiLU and its derivative given e^-z (the scalar functions and the vectorised loops share these).
+DC_HD float silu_given_exp(float z, float exp_minus_z) { return z / (1.0f + exp_minus_z); }
+DC_HD float silu_derivative_given_exp(float z, float exp_minus_z) {
+  const float s = 1.0f / (1.0f + exp_minus_z);
+  return s * (1.0f + z * (1.0f - s));
+}
+
 DC_HD float activate(Activation a, float x) {
   switch (a) {
-    case Activation::silu: return x / (1.0f + exp_fast(-x));
+    case Activation::silu: return silu_given_exp(x, exp_fast(-x));
     case Activation::tanh: return tanhf(x);
     case Activation::relu: return x > 0.0f ? x : 0.0f;
   }
@@ -120,10 +127,7 @@ DC_HD float activate(Activation a, float x) {
 // d activate(x) / dx.
 DC_HD float activate_derivative(Activation a, float x) {
   switch (a) {
-    case Activation::silu: {
-      const float s = 1.0f / (1.0f + exp_fast(-x));
-      return s * (1.0f + x * (1.0f - s));
-    }
+    case Activation::silu: return silu_derivative_given_exp(x, exp_fast(-x));
     case Activation::tanh: {
       const float t = tanhf(x);
       return 1.0f - t * t;
@@ -134,19 +138,19 @@ DC_HD float activate_derivative(Activation a, float x) {
 }
 
 // The activation of n values, and its backward dz[i] = g[i] * act'(z[i]); out and dz must not
-// alias z. The switch is outside the loops, so the CPU's loops vectorise (the results are the
-// same bits as activate / activate_derivative).
+// alias z. The switch is outside the loops, so the CPU's loops vectorise; they share the scalar
+// functions' formulas (equal up to FMA contraction).
 inline void activate_all(Activation a, const float* z, float* out, int n) {
   switch (a) {
     case Activation::silu:
       for (int i = 0; i < n; ++i) out[i] = exp_input_clamp(-z[i]);
-      for (int i = 0; i < n; ++i) out[i] = z[i] / (1.0f + exp_fast_in_range(out[i]));
+      for (int i = 0; i < n; ++i) out[i] = silu_given_exp(z[i], exp_fast_in_range(out[i]));
       return;
     case Activation::tanh:
-      for (int i = 0; i < n; ++i) out[i] = tanhf(z[i]);
+      for (int i = 0; i < n; ++i) out[i] = activate(Activation::tanh, z[i]);
       return;
     case Activation::relu:
-      for (int i = 0; i < n; ++i) out[i] = z[i] > 0.0f ? z[i] : 0.0f;
+      for (int i = 0; i < n; ++i) out[i] = activate(Activation::relu, z[i]);
       return;
   }
 }
@@ -155,19 +159,13 @@ inline void activate_backward_all(Activation a, const float* z, const float* g, 
   switch (a) {
     case Activation::silu:
       for (int i = 0; i < n; ++i) dz[i] = exp_input_clamp(-z[i]);
-      for (int i = 0; i < n; ++i) {
-        const float s = 1.0f / (1.0f + exp_fast_in_range(dz[i]));
-        dz[i] = g[i] * (s * (1.0f + z[i] * (1.0f - s)));
-      }
+      for (int i = 0; i < n; ++i) dz[i] = g[i] * silu_derivative_given_exp(z[i], exp_fast_in_range(dz[i]));
       return;
     case Activation::tanh:
-      for (int i = 0; i < n; ++i) {
-        const float t = tanhf(z[i]);
-        dz[i] = g[i] * (1.0f - t * t);
-      }
+      for (int i = 0; i < n; ++i) dz[i] = g[i] * activate_derivative(Activation::tanh, z[i]);
       return;
     case Activation::relu:
-      for (int i = 0; i < n; ++i) dz[i] = z[i] > 0.0f ? g[i] : 0.0f;
+      for (int i = 0; i < n; ++i) dz[i] = g[i] * activate_derivative(Activation::relu, z[i]);
       return;
   }
 }
