@@ -1,5 +1,6 @@
 // CPU benchmarks: one decode step at a given context, and a prefill chunk, for the tiny test
-// model and for one Mistral-7B-shaped layer (fp32, random weights).
+// model and for one Mistral-7B-shaped layer (fp32, random weights); SmolLM2 decode (single and
+// batched) and prefill.
 //
 //   build/bench/bench_cpu --benchmark_format=json --benchmark_out=bench/results/cpu.json
 #include <benchmark/benchmark.h>
@@ -64,6 +65,12 @@ void smollm2_decode_bf16(benchmark::State& state) {
   dc_bench::run_decode(state, dc_bench::smollm2_model<dc::bf16>(1));
 }
 
+// Batched decode, bf16 weights: S sequences of L cached tokens per step. A 25 % budget of a 2k
+// (8k) context is L = 512 (2048): the same table gives S sequences at 25 % against the full cache.
+void smollm2_decode_batch_bf16(benchmark::State& state) {
+  dc_bench::run_decode_batch(state, dc_bench::smollm2_model<dc::bf16>(64));
+}
+
 // Prefill of a whole context in chunks of 64: tokens/s over the context.
 void smollm2_prefill(benchmark::State& state) {
   const int context = int(state.range(0));
@@ -85,6 +92,10 @@ void smollm2_prefill(benchmark::State& state) {
 BENCHMARK(smollm2_decode)->Arg(512)->Arg(2048)->Arg(8191)  // 8191 + the decoded token = max_position
    ->Unit(benchmark::kMillisecond);
 BENCHMARK(smollm2_decode_bf16)->Arg(512)->Arg(2048)->Arg(8191)->Unit(benchmark::kMillisecond);
+BENCHMARK(smollm2_decode_batch_bf16)
+    ->ArgNames({"sequences", "cached"})
+    ->ArgsProduct({{1, 4, 16}, {512, 2048, 8191}})
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK(smollm2_prefill)->Arg(512)->Arg(2048)->Arg(8192)->Unit(benchmark::kMillisecond)->Iterations(1);
 
 BENCHMARK_CAPTURE(decode_step, tiny, dc_bench::tiny_config)->Arg(128)->Arg(1024)->Arg(8192);

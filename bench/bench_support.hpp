@@ -72,4 +72,31 @@ void run_decode(benchmark::State& state, dc::Transformer<dc::cpu, W>& model, int
   state.counters["context"] = context;
 }
 
+// One batched decode step (Transformer::forward_batch) of S = state.range(0) sequences, each
+// holding state.range(1) cached tokens (its own cache), rewound after each iteration.
+// tokens_per_s counts every sequence's token; per_sequence_tokens_per_s is one sequence's rate.
+template <class W>
+void run_decode_batch(benchmark::State& state, dc::Transformer<dc::cpu, W>& model) {
+  const int sequences = int(state.range(0)), length = int(state.range(1));
+  std::vector<dc::KVCache<dc::cpu>> caches;
+  std::vector<dc::KVCache<dc::cpu>*> batch;
+  for (int s = 0; s < sequences; ++s) {
+    caches.push_back(model.make_cache(length + 1));
+    fill_cache(caches.back(), length);
+  }
+  for (auto& c : caches) batch.push_back(&c);
+  std::vector<float> logits(std::size_t(sequences) * std::size_t(model.config().vocab_size));
+  const std::vector<std::int32_t> tokens(std::size_t(sequences), 3);
+  for (auto _ : state) {
+    model.forward_batch(tokens, batch, logits);
+    for (auto& c : caches) c.truncate(length);
+  }
+  state.counters["tokens_per_s"] =
+      benchmark::Counter(double(state.iterations()) * sequences, benchmark::Counter::kIsRate);
+  state.counters["per_sequence_tokens_per_s"] =
+      benchmark::Counter(double(state.iterations()), benchmark::Counter::kIsRate);
+  state.counters["sequences"] = sequences;
+  state.counters["cached_tokens"] = length;
+}
+
 }  // namespace dc_bench

@@ -35,7 +35,7 @@ int main(int argc, char** argv) {
   std::string model_path, text_path, csv_path, budgets_arg = "0.125,0.25,0.5",
                                                 policies_arg = "random,streaming,h2o,snapkv,tova,knorm",
                                                 mode_arg = "decode", dtype = "f32";
-  int context = 1024, continuation = 32, max_contexts = 8, chunk = 16, sink = 0, recent = 0;
+  int context = 1024, continuation = 32, max_contexts = 8, chunk = 16, sink = 0, recent = 0, batch = 16;
   std::uint64_t seed = 0;
   app.add_option("--model", model_path, "GGUF model file")->required();
   app.add_option("--text", text_path, "a .txt file or a folder of them")->required();
@@ -53,6 +53,8 @@ int main(int argc, char** argv) {
   app.add_option("--recent", recent, "newest tokens always kept")->check(integer_in(0, 1 << 20));
   app.add_option("--seed", seed, "seed of the random policy")->check(unsigned_integer());
   app.add_option("--csv", csv_path, "write the results as CSV here");
+  app.add_option("--batch", batch, "decoders stepped as one batch (the teacher counts; each holds a "
+                 "KV cache of --context + --continuation tokens)")->check(integer_in(1, 4096));
   std::string granularities_arg = "shared", keep_sets_path;
   app.add_option("--keep-sets", keep_sets_path,
                  "write every student's kept positions after the prompt's compression as CSV "
@@ -111,6 +113,7 @@ int main(int argc, char** argv) {
       dc::Transformer<dc::cpu, W> model(m.config, std::move(weights), 64);
       const auto mode = mode_arg == "prefill" ? dc::EvictionMode::prefill : dc::EvictionMode::decode;
       dc::FidelityEvaluator<dc::cpu, W> eval(model, policies, budgets, mode, granularities);
+      eval.set_max_batch(std::size_t(batch));
       const auto start = std::chrono::steady_clock::now();
       const std::size_t per_context = policies.size() * granularities.size() * budgets.size();
       auto name_of = [&](std::size_t i) {  // (policy, granularity it ran at, budget) of student i

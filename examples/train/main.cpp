@@ -43,7 +43,8 @@ int main(int argc, char** argv) {
   std::string init_target = "alpha=2";
   int init_contexts = 4, init_steps = 300;
   int validation_contexts = 4, validate_every = 20, checkpoint_every = 10, stop_after = 0,
-      max_train_contexts = 100000, window = 32;
+      max_train_contexts = 100000, window = 32, batch = 32;
+  double recent_fraction = 0.0;
   app.add_option("--model", model_path, "GGUF model file")->required();
   app.add_option("--text", text_path, "training corpus: a .txt file or a folder of them");
   app.add_option("--out", out_dir, "output folder: checkpoint.dcpolicy, best.dcpolicy, train_log.csv")->required();
@@ -82,6 +83,10 @@ int main(int argc, char** argv) {
   app.add_option("--init-steps", init_steps, "warm start: Adam steps")->check(integer_in(0, 1 << 20));
   app.add_option("--resume", resume_path, "continue from a checkpoint.dcpolicy (its options win)");
   app.add_option("--dtype", dtype, "weight storage: f32 or bf16")->check(CLI::IsMember({"f32", "bf16"}));
+  app.add_option("--recent-fraction", recent_fraction, "always keep the newest fraction of the budget "
+                 "(as H2O keeps half); the MLP chooses the rest")->check(finite_number(0.0, 0.99));
+  app.add_option("--batch", batch, "students decoded as one batch (speed and memory only; each holds "
+                 "a KV cache of --context + --continuation tokens)")->check(integer_in(1, 4096));
   if (const auto status = parse_command_line(app, argc, argv, "train")) return *status;
 
   return run_reporting_errors("train", [&]() -> int {
@@ -143,7 +148,9 @@ int main(int argc, char** argv) {
       dc::MlpPolicy policy = resume ? dc::MlpPolicy::from_checkpoint(*resume)
                                     : dc::MlpPolicy::initialised(inputs, hidden, opt.seed,
                                                                  dc::parse_activation(activation_arg), window);
+      if (!resume) policy.set_recent_fraction(recent_fraction);
       dc::ReinforceTrainer<dc::cpu, W> trainer(model, policy, opt, std::move(windows));
+      trainer.set_max_batch(std::size_t(batch));
       double best = INFINITY;
       if (resume) {
         trainer.restore_state(*resume);

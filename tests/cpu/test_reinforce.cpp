@@ -143,7 +143,8 @@ dc::TrainerOptions tiny_options() {
 
 }  // namespace
 
-TEST_CASE("trainer: N updates, save, load and N more give bitwise the parameters of 2N straight") {
+TEST_CASE("trainer: N updates, save, load and N more give bitwise the parameters of 2N straight, "
+          "whatever the student batch size") {
   dc::HfModel m = dc::load_hf_model(kFixtures + "/tiny_mistral");
   dc::Transformer<dc::cpu> model(m.config, std::move(m.weights), 16);
   const auto windows = random_windows(5, 46, 3);
@@ -167,8 +168,12 @@ TEST_CASE("trainer: N updates, save, load and N more give bitwise the parameters
       CHECK(s.tokens > 0);
     }
 
+    // The straight run decodes all 6 students of a context as one batch; the first half of the
+    // resumed run one at a time, the second in batches of 2 (straddling the budgets): batching
+    // must not change a bit.
     auto first = fresh();
     dc::ReinforceTrainer<dc::cpu, float> b(model, first, opt, windows);
+    b.set_max_batch(1);
     b.warm_start(2, kTarget, 20, 1e-2f);
     for (int u = 0; u < 3; ++u) b.update();
     dc_test::TempDir dir;
@@ -178,6 +183,7 @@ TEST_CASE("trainer: N updates, save, load and N more give bitwise the parameters
     const dc::PolicyCheckpoint loaded = dc::load_policy_checkpoint(path);
     auto resumed = dc::MlpPolicy::from_checkpoint(loaded);
     dc::ReinforceTrainer<dc::cpu, float> c(model, resumed, opt, windows);
+    c.set_max_batch(2);
     c.restore_state(loaded);
     CHECK(c.step() == 3);
     while (!c.done()) c.update();
@@ -232,4 +238,45 @@ TEST_CASE("forward_logits_on_backend leaves the logits forward() copies out, for
   dc::kl_rows(kCpu, host.data(), on_backend, 1, int(host.size()), &kl);
   CHECK(kl == 0.0f);
   CHECK(b.length() == a.length());
+}
+
+TEST_CASE("a recent window: the newest rows are kept without a choice and left out of the record") {
+  dc::HfModel m = dc::load_hf_model(kFixtures + "/tiny_mistral");
+  dc::Transformer<dc::cpu> model(m.config, std::move(m.weights), 16);
+  auto cache = model.make_cache(30);
+  cache.set_observed_from(0);
+  model.forward(random_windows(1, 30, 5)[0], cache);
+  const dc::TokenFeatures f = dc::gather_features(model.context(), cache, dc::Granularity::head);
+  REQUIRE(f.groups.size() == 4);  // 2 layers x 2 KV heads, 30 rows each
+
+  auto policy = dc::MlpPolicy::initialised(dc::paper_policy_inputs(), {8}, 3);
+  policy.set_recent_fraction(0.5);
+  const int budget = 11, recent = policy.recent_tokens(budget);
+  CHECK(recent == 5);
+  std::vector<float> scores(std::size_t(f.size));
+  policy.score(f, budget, scores);
+  for (int i = 0; i < f.size; ++i)
+    CHECK((scores[std::size_t(i)] == INFINITY) == (f.position[std::size_t(i)] >= 30 - recent));
+
+  dc::GumbelSelector selector(policy, 9, 0);
+  const dc::KeepSets keep = selector.select(f, scores, budget, 0, 0);
+  const dc::SampledEviction& e = selector.records().at(0);
+  CHECK(e.rows() == 4 * (30 - recent));
+  CHECK(e.inputs.size() == std::size_t(e.rows()) * 5);
+  for (std::size_t g = 0; g < 4; ++g) {
+    CHECK(keep[g].size() == std::size_t(budget));
+    CHECK(e.picks.group(int(g)).size() == std::size_t(budget - recent));
+    for (int s = 30 - recent; s < 30; ++s)  // slot s holds position s: nothing was evicted yet
+      CHECK(std::find(keep[g].begin(), keep[g].end(), s) != keep[g].end());
+  }
+  std::vector<float> grad(policy.params().size(), 0.0f);
+  dc::accumulate_policy_gradient(policy, e, 1.0, 0.01, grad);
+  CHECK(std::all_of(grad.begin(), grad.end(), [](float x) { return std::isfinite(x); }));
+  CHECK(std::any_of(grad.begin(), grad.end(), [](float x) { return x != 0.0f; }));
+
+  // The window travels in the checkpoint; an impossible fraction is refused.
+  CHECK(dc::MlpPolicy::from_checkpoint(policy.to_checkpoint()).recent_fraction() == 0.5);
+  CHECK(dc::MlpPolicy::from_checkpoint(dc::MlpPolicy::initialised(dc::paper_policy_inputs(), {8}, 3)
+                                           .to_checkpoint()).recent_fraction() == 0.0);
+  CHECK_THROWS_WITH_AS(policy.set_recent_fraction(1.0), doctest::Contains("outside [0, 1)"), dc::Error);
 }

@@ -407,6 +407,55 @@ TEST_CASE("Transformer<cuda, float> matches Transformer<cpu>: chunked prefill th
   check_transformer<float>(16, 1e-4f);
 }
 
+// Batched decoding: three sequences of 5, 9 and 13 prompt tokens (one compacted to a shared
+// keep-set) step together; every row matches the CPU's batched step, which test_batched_decoding
+// proves equal to single-sequence decoding. max_chunk 2 splits the batch of 3 into two chunks.
+TEST_CASE("Transformer<cuda, float>::forward_batch matches the CPU's, per sequence") {
+  const dc::ModelConfig cfg = tiny_config();
+  dc::Transformer<dc::cpu> reference(cfg, random_weights(cfg, 99, false), 2);
+  dc::Weights<dc::cuda, float> device_weights;
+  {
+    Gpu upload_ctx;
+    device_weights = dc::upload_weights<float>(random_weights(cfg, 99, false), upload_ctx);
+  }
+  dc::Transformer<dc::cuda, float> model(cfg, std::move(device_weights), 2);
+  std::vector<dc::KVCache<dc::cpu>> cpu_caches;
+  std::vector<dc::KVCache<dc::cuda>> gpu_caches;
+  for (int s = 0; s < 3; ++s) {
+    std::vector<std::int32_t> prompt;
+    for (int i = 0; i < 5 + 4 * s; ++i) prompt.push_back(std::int32_t((31 * i + 7 * s) % cfg.vocab_size));
+    cpu_caches.push_back(reference.make_cache(32));
+    gpu_caches.push_back(model.make_cache(32));
+    cpu_caches.back().set_observed_from(0);
+    gpu_caches.back().set_observed_from(0);
+    reference.forward(prompt, cpu_caches.back());
+    model.forward(prompt, gpu_caches.back());
+  }
+  const std::vector<std::int32_t> keep{0, 2, 3, 6, 8};
+  cpu_caches[1].compact(reference.context(), keep);
+  gpu_caches[1].compact(model.context(), keep);
+  std::vector<dc::KVCache<dc::cpu>*> cpu_batch;
+  std::vector<dc::KVCache<dc::cuda>*> gpu_batch;
+  for (int s = 0; s < 3; ++s) {
+    cpu_batch.push_back(&cpu_caches[std::size_t(s)]);
+    gpu_batch.push_back(&gpu_caches[std::size_t(s)]);
+  }
+  const std::size_t vocab = std::size_t(cfg.vocab_size);
+  std::vector<float> want(3 * vocab), got(3 * vocab);
+  for (int t = 0; t < 4; ++t) {
+    const std::vector<std::int32_t> next{std::int32_t(3 + t), std::int32_t(50 + t), std::int32_t(100 + t)};
+    reference.forward_batch(next, cpu_batch, want);
+    model.forward_batch(next, gpu_batch, got);
+    for (std::size_t s = 0; s < 3; ++s) {
+      CAPTURE(t);
+      CAPTURE(s);
+      CHECK(normalised_error(std::span<const float>(got).subspan(s * vocab, vocab),
+                             std::span<const float>(want).subspan(s * vocab, vocab)) < 1e-4f);
+      CHECK(gpu_caches[s].length() == cpu_caches[s].length());
+    }
+  }
+}
+
 TEST_CASE("Transformer<cuda, bf16> matches Transformer<cpu> on bf16-rounded weights") {
   SUBCASE("chunks <= 8: GEMV everywhere, fp32 activations") {
     check_transformer<dc::bf16>(8, 1e-4f);

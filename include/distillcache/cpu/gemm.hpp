@@ -6,7 +6,9 @@
 // Both operands are read along their contiguous inner dimension. The micro-kernel computes a
 // kRows x kCols tile of dot products with kLanes-wide partial sums, which the compiler turns into
 // vector FMAs without -ffast-math (each lane is an independent sum). Every output element is
-// produced by one thread in a fixed order, so results do not depend on the thread count.
+// produced by one thread in a fixed order with explicit FMAs (multiply_add), so results depend
+// neither on the thread count nor on the tile shape: a row of y is the same bits whatever other
+// rows are multiplied with it (batched decoding relies on that).
 // Output rows are split into tiles that keep a block of w in L2 while all x rows stream past.
 #include <algorithm>
 #include <concepts>
@@ -32,7 +34,7 @@ inline void gemm_micro(float* DC_RESTRICT y, int ldy, const float* DC_RESTRICT x
       for (int c = 0; c < kCols; ++c) {
         const float* xr = x + std::int64_t(r) * in + k;
         const W* wc = w + std::int64_t(c) * in + k;
-        for (int l = 0; l < kLanes; ++l) acc[r][c][l] += xr[l] * to_float_any(wc[l]);
+        for (int l = 0; l < kLanes; ++l) acc[r][c][l] = multiply_add(xr[l], to_float_any(wc[l]), acc[r][c][l]);
       }
     }
   }
@@ -41,7 +43,7 @@ inline void gemm_micro(float* DC_RESTRICT y, int ldy, const float* DC_RESTRICT x
       float sum = 0.0f;
       for (int l = 0; l < kLanes; ++l) sum += acc[r][c][l];
       for (int k = in_vec; k < in; ++k)
-        sum += x[std::int64_t(r) * in + k] * to_float_any(w[std::int64_t(c) * in + k]);
+        sum = multiply_add(x[std::int64_t(r) * in + k], to_float_any(w[std::int64_t(c) * in + k]), sum);
       float& out = y[std::int64_t(r) * ldy + c];
       out = accumulate ? out + sum : sum;
     }

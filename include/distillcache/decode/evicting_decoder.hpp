@@ -9,6 +9,9 @@
 // Granularity: one keep-set for the whole cache (shared), one per layer, or one per (layer, KV
 // head); the policy's own finest granularity caps the request (policy.granularity_for). Every
 // group keeps B slots, so the cache holds exactly B (+ chunk) slots per layer and head.
+//
+// DecoderBatch steps several decoders of one model together (Transformer::forward_batch): the
+// weights stream once per step for all of them, and each then evicts on its own schedule.
 #include <algorithm>
 #include <cstdint>
 #include <span>
@@ -82,16 +85,15 @@ class EvictingDecoder {
 
   // Feeds one token; evicts back to the budget when decode-mode eviction is due.
   std::span<const float> step(std::int32_t token) {
-    DC_CHECK(budget_tokens_ > 0, "EvictingDecoder: step() before prefill()");
-    DC_CHECK(cache_.length() < cache_.capacity(),
-             "EvictingDecoder: step() past max_new_tokens: the cache is full at ",
-             cache_.capacity(), " slots (max_prompt + max_new_tokens)");
+    check_can_step();
     model_.forward(std::span<const std::int32_t>(&token, 1), cache_, std::span<float>(logits_));
-    if (mode_ == EvictionMode::decode && policy_.evicts() &&
-        std::int64_t(cache_.length()) >= std::int64_t(budget_tokens_) + budget_.chunk)
-      evict();
+    evict_if_due();
     return logits_;
   }
+
+  // The logits of the latest prefill or step.
+  std::span<const float> logits() const { return logits_; }
+  Transformer<B, W>& model() const { return model_; }
 
   // Chooses keep-sets with `selector` instead of the deterministic top-B (null: the top-B). The
   // selector must outlive the decoder's use of it.
@@ -104,6 +106,21 @@ class EvictingDecoder {
   Granularity granularity() const { return granularity_; }
 
  private:
+  template <Backend, class>
+  friend class DecoderBatch;
+
+  void check_can_step() const {
+    DC_CHECK(budget_tokens_ > 0, "EvictingDecoder: step() before prefill()");
+    DC_CHECK(cache_.length() < cache_.capacity(),
+             "EvictingDecoder: step() past max_new_tokens: the cache is full at ",
+             cache_.capacity(), " slots (max_prompt + max_new_tokens)");
+  }
+  void evict_if_due() {
+    if (mode_ == EvictionMode::decode && policy_.evicts() &&
+        std::int64_t(cache_.length()) >= std::int64_t(budget_tokens_) + budget_.chunk)
+      evict();
+  }
+
   std::span<const float> compress_prompt(int n) {
     evictions_ = 0;
     budget_tokens_ = budget_.resolve(n);
@@ -134,6 +151,39 @@ class EvictingDecoder {
   std::vector<float> logits_, scores_;
   int budget_tokens_ = 0;
   int evictions_ = 0;
+};
+
+// Steps several EvictingDecoders of one model as one batch: step(decoders, tokens) feeds
+// tokens[i] to decoders[i] in one Transformer::forward_batch and then lets each evict as its
+// step() would. On the CPU the result is bit for bit that of calling step() on each in turn
+// (a stateful policy shared by several decoders, such as one RandomPolicy, draws in another
+// order: give each decoder its own).
+template <Backend B, class W = float>
+class DecoderBatch {
+ public:
+  void step(std::span<EvictingDecoder<B, W>* const> decoders, std::span<const std::int32_t> tokens) {
+    DC_CHECK(!decoders.empty() && decoders.size() == tokens.size(), "DecoderBatch: ",
+             decoders.size(), " decoders for ", tokens.size(), " tokens");
+    Transformer<B, W>& model = decoders[0]->model_;
+    caches_.clear();
+    for (EvictingDecoder<B, W>* d : decoders) {
+      DC_CHECK(d != nullptr, "DecoderBatch: a decoder is null");
+      DC_CHECK(&d->model_ == &model, "DecoderBatch: the decoders run different models");
+      d->check_can_step();
+      caches_.push_back(&d->cache_);
+    }
+    const std::size_t vocab = std::size_t(model.config().vocab_size);
+    logits_.resize(decoders.size() * vocab);
+    model.forward_batch(tokens, caches_, logits_);
+    for (std::size_t i = 0; i < decoders.size(); ++i) {
+      std::copy_n(logits_.begin() + std::ptrdiff_t(i * vocab), vocab, decoders[i]->logits_.begin());
+      decoders[i]->evict_if_due();
+    }
+  }
+
+ private:
+  std::vector<KVCache<B>*> caches_;
+  std::vector<float> logits_;  // [decoders, vocab]
 };
 
 }  // namespace dc

@@ -5,8 +5,11 @@
 //
 // The prompt is prefilled once per distinct observation window (and query statistics) and the
 // resulting cache copied into each student (EvictingDecoder::adopt_prefill), so adding policies
-// costs decode steps, not prefills. Step 0 predicts the first continuation token from the prompt's own logits, which
-// eviction after prefill cannot change; later steps see the compressed cache.
+// costs decode steps, not prefills. The teacher and the students decode together in batches of
+// at most max_batch (DecoderBatch: the weights stream once per step for a whole batch); on the
+// CPU every student's logits are bit for bit those of decoding it alone. Step 0 predicts the
+// first continuation token from the prompt's own logits, which eviction after prefill cannot
+// change; later steps see the compressed cache.
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -39,7 +42,7 @@ class FidelityEvaluator {
   }
 
   // Runs one context: prompt, then the continuation teacher-forced token by token. progress is
-  // called before each student with its index.
+  // called with each student's index as the batch holding it starts.
   template <class Progress>
   void add_context(std::span<const std::int32_t> prompt, std::span<const std::int32_t> continuation,
                    Progress&& progress) {
@@ -63,32 +66,61 @@ class FidelityEvaluator {
       auto logits = model_.forward(prompt, cache);
       prefilled.emplace(key(*p), std::make_pair(std::move(cache), std::move(logits)));
     }
-    auto run = [&](EvictionPolicy& policy, const Budget& budget, Granularity granularity,
-                   std::vector<float>& rows, const std::size_t* student) {
-      EvictingDecoder<B, W> dec(model_, policy, budget, mode_, n, steps, granularity);
-      const auto& [cache, logits] = prefilled.at(key(policy));
-      auto out = dec.adopt_prefill(cache, logits);
-      if (student && on_compressed_) on_compressed_(*student, dec.cache());
-      rows.assign(out.begin(), out.end());
-      for (int t = 1; t < steps; ++t) {
-        out = dec.step(continuation[std::size_t(t - 1)]);
-        rows.insert(rows.end(), out.begin(), out.end());
+    // Decoder 0 of the first batch is the teacher (the full cache); the others are students, in
+    // index order. Each decoder's rows are its step logits, [steps, vocab].
+    const std::size_t students = totals_.size();
+    std::vector<float> teacher;
+    std::size_t next = 0;  // the next student to run
+    bool teacher_done = false;
+    while (next < students || !teacher_done) {
+      std::vector<std::unique_ptr<EvictingDecoder<B, W>>> decoders;
+      std::vector<std::size_t> student_of;  // index(p, g, b) of each decoder, or npos (teacher)
+      auto add = [&](EvictionPolicy& policy, const Budget& budget, Granularity granularity,
+                     std::size_t student) {
+        decoders.push_back(std::make_unique<EvictingDecoder<B, W>>(model_, policy, budget, mode_, n,
+                                                                   steps, granularity));
+        const auto& [cache, logits] = prefilled.at(key(policy));
+        decoders.back()->adopt_prefill(cache, logits);
+        if (student != kTeacher && on_compressed_) on_compressed_(student, decoders.back()->cache());
+        student_of.push_back(student);
+      };
+      if (!teacher_done) add(full, Budget::of_fraction(1.0), Granularity::shared, kTeacher);
+      for (; next < students && decoders.size() < max_batch_; ++next) {
+        const std::size_t p = next / (granularities_.size() * budgets_.size());
+        const std::size_t g = next / budgets_.size() % granularities_.size();
+        const std::size_t b = next % budgets_.size();
+        progress(next);
+        add(*policies_[p], budgets_[b], granularities_[g], next);
       }
-    };
-
-    std::vector<float> teacher, student;
-    run(full, Budget::of_fraction(1.0), Granularity::shared, teacher, nullptr);
-    for (std::size_t p = 0; p < policies_.size(); ++p)
-      for (std::size_t g = 0; g < granularities_.size(); ++g)
-        for (std::size_t b = 0; b < budgets_.size(); ++b) {
-          const std::size_t i = index(p, g, b);
-          progress(i);
-          run(*policies_[p], budgets_[b], granularities_[g], student, &i);
-          for (int s = 0; s < steps; ++s)
-            totals_[i].add(std::span<const float>(teacher).subspan(std::size_t(s) * vocab, vocab),
-                           std::span<const float>(student).subspan(std::size_t(s) * vocab, vocab),
-                           continuation[std::size_t(s)]);
+      std::vector<std::vector<float>> rows(decoders.size());
+      for (std::size_t i = 0; i < decoders.size(); ++i) {
+        const auto out = decoders[i]->logits();
+        rows[i].assign(out.begin(), out.end());
+      }
+      std::vector<EvictingDecoder<B, W>*> batch;
+      for (auto& d : decoders) batch.push_back(d.get());
+      std::vector<std::int32_t> tokens(batch.size());
+      for (int t = 1; t < steps; ++t) {
+        std::fill(tokens.begin(), tokens.end(), continuation[std::size_t(t - 1)]);
+        stepper_.step(batch, tokens);
+        for (std::size_t i = 0; i < batch.size(); ++i) {
+          const auto out = batch[i]->logits();
+          rows[i].insert(rows[i].end(), out.begin(), out.end());
         }
+      }
+      for (std::size_t i = 0; i < decoders.size(); ++i) {
+        if (student_of[i] == kTeacher) {
+          teacher = std::move(rows[i]);
+          teacher_done = true;
+          continue;
+        }
+        FidelityTotals& total = totals_[student_of[i]];
+        for (int s = 0; s < steps; ++s)
+          total.add(std::span<const float>(teacher).subspan(std::size_t(s) * vocab, vocab),
+                    std::span<const float>(rows[i]).subspan(std::size_t(s) * vocab, vocab),
+                    continuation[std::size_t(s)]);
+      }
+    }
     ++contexts_;
   }
 
@@ -110,6 +142,13 @@ class FidelityEvaluator {
   }
   int contexts() const { return contexts_; }
 
+  // Decoders stepped together (the teacher counts as one): more streams the weights fewer times,
+  // each costs a KV cache of the prompt plus the continuation.
+  void set_max_batch(std::size_t decoders) {
+    DC_CHECK(decoders >= 1, "fidelity: a batch of ", decoders, " decoders");
+    max_batch_ = decoders;
+  }
+
  private:
   Transformer<B, W>& model_;
   std::vector<EvictionPolicy*> policies_;
@@ -119,6 +158,9 @@ class FidelityEvaluator {
   std::vector<FidelityTotals> totals_;
   std::function<void(std::size_t, const KVCache<B>&)> on_compressed_;
   int contexts_ = 0;
+  std::size_t max_batch_ = 16;
+  DecoderBatch<B, W> stepper_;
+  static constexpr std::size_t kTeacher = std::size_t(-1);
 };
 
 }  // namespace dc

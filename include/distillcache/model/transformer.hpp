@@ -7,6 +7,11 @@
 // lookup, so including cuda/ops.cuh before instantiating Transformer<cuda, ...> is all the CUDA
 // backend needs.
 //
+// Batched decoding (forward_batch): one step for S sequences, each with its own KV cache. The
+// rows of one chunk may belong to different caches (segments); everything but attention, RoPE and
+// the cache writes is row-wise, so it runs over all rows at once and the weights stream once per
+// step for every sequence. Attention runs per segment over its own cache.
+//
 // RunState buffers, per chunk of C = max_chunk tokens (all on the backend):
 //   x, xn    [C, d]      residual stream, its normalised copy
 //   q, att   [C, heads*head_dim]
@@ -85,17 +90,42 @@ class Transformer {
                                                                                 : LogitsFor::none;
       float* dst = which == LogitsFor::all ? out.data() + std::size_t(begin) * cfg_.vocab_size
                                            : out.data();
-      forward_chunk(tokens.subspan(std::size_t(begin), std::size_t(len)), cache, dst, chunk_logits);
+      const Segment one{&cache, 0, len};
+      forward_chunk(tokens.subspan(std::size_t(begin), std::size_t(len)), {&one, 1}, dst, chunk_logits);
     }
-    // NaN or inf here means the weights or the activations are broken; say so at the source
-    // rather than letting sampling or eviction act on garbage.
+    check_finite_logits(out.first(need));
+  }
+
+  // One decode step for S = tokens.size() sequences: tokens[s] is appended to *caches[s] (each
+  // cache its own length, keep-set, budget and statistics) and out receives every sequence's
+  // next-token logits, [S, vocab]. The weights stream once per max_chunk sequences (a GEMM over
+  // their rows); attention runs per sequence. On the CPU row s equals what
+  // forward({tokens[s]}, *caches[s], ...) writes, bit for bit: the GEMM's order of additions per
+  // output element does not depend on the row count, and every other op is row-wise.
+  void forward_batch(std::span<const std::int32_t> tokens, std::span<KVCache<B>* const> caches,
+                     std::span<float> out) {
     const std::size_t vocab = std::size_t(cfg_.vocab_size);
-    for (std::size_t row = 0; row * vocab < need; ++row) {
-      const auto logits = std::span<const float>(out).subspan(row * vocab, vocab);
-      if (!std::all_of(logits.begin(), logits.end(), [](float x) { return std::isfinite(x); }))
-        check_all_finite(logits, detail::concat("forward: the model produced non-finite logits "
-                                                "(broken weights or overflow), row ", row));
+    DC_CHECK(!tokens.empty() && tokens.size() == caches.size(), "forward_batch: ", tokens.size(),
+             " tokens for ", caches.size(), " caches (one token per sequence)");
+    DC_CHECK(out.size() >= tokens.size() * vocab, "forward_batch: logits buffer holds ", out.size(),
+             " floats, need ", tokens.size() * vocab);
+    for (std::size_t begin = 0; begin < tokens.size(); begin += std::size_t(max_chunk_)) {
+      const std::size_t len = std::min(tokens.size() - begin, std::size_t(max_chunk_));
+      forward_batch_chunk(tokens.subspan(begin, len), caches.subspan(begin, len));
+      copy_to_host(ctx_, out.data() + begin * vocab, logits_.data(), len * vocab);
     }
+    check_finite_logits(out.first(tokens.size() * vocab));
+  }
+
+  // forward_batch for at most max_chunk sequences, the logits left on the backend: returns
+  // them, [S, vocab], valid until the next forward (the batched form of
+  // forward_logits_on_backend).
+  const float* forward_batch_logits_on_backend(std::span<const std::int32_t> tokens,
+                                               std::span<KVCache<B>* const> caches) {
+    DC_CHECK(tokens.size() <= std::size_t(max_chunk_), "forward_batch_logits_on_backend: ",
+             tokens.size(), " sequences exceed max_chunk ", max_chunk_);
+    forward_batch_chunk(tokens, caches);
+    return logits_.data();
   }
 
   // Like forward(tokens, cache, out, LogitsFor::last), but the last token's logits stay on the
@@ -106,7 +136,8 @@ class Transformer {
     const int n = check_forward(tokens, cache);
     for (int begin = 0; begin < n; begin += max_chunk_) {
       const int len = std::min(max_chunk_, n - begin);
-      forward_chunk(tokens.subspan(std::size_t(begin), std::size_t(len)), cache, nullptr,
+      const Segment one{&cache, 0, len};
+      forward_chunk(tokens.subspan(std::size_t(begin), std::size_t(len)), {&one, 1}, nullptr,
                     begin + len == n ? LogitsFor::last : LogitsFor::none);
     }
     return logits_.data();
@@ -122,6 +153,46 @@ class Transformer {
   }
 
  private:
+  // Rows [row, row + rows) of a chunk belong to *cache.
+  struct Segment {
+    KVCache<B>* cache;
+    int row, rows;
+  };
+  // Per segment of a chunk: which of its queries feed the eviction statistics (positions >=
+  // observed_from()) and its attention shape (the capacity differs per cache).
+  struct SegmentRows {
+    int first_observed;
+    bool observed;
+    AttentionShape shape;
+  };
+
+  void forward_batch_chunk(std::span<const std::int32_t> tokens, std::span<KVCache<B>* const> caches) {
+    DC_CHECK(!tokens.empty() && tokens.size() == caches.size(), "forward_batch: ", tokens.size(),
+             " tokens for ", caches.size(), " caches (one token per sequence)");
+    segments_.clear();
+    for (std::size_t s = 0; s < caches.size(); ++s) {
+      DC_CHECK(caches[s] != nullptr, "forward_batch: cache ", s, " is null");
+      for (std::size_t r = 0; r < s; ++r)
+        DC_CHECK(caches[r] != caches[s], "forward_batch: sequences ", r, " and ", s,
+                 " share one KV cache");
+      check_forward(tokens.subspan(s, 1), *caches[s]);
+      segments_.push_back({caches[s], int(s), 1});
+    }
+    forward_chunk(tokens, segments_, nullptr, LogitsFor::last);
+  }
+
+  // NaN or inf here means the weights or the activations are broken; say so at the source
+  // rather than letting sampling or eviction act on garbage.
+  void check_finite_logits(std::span<const float> out) const {
+    const std::size_t vocab = std::size_t(cfg_.vocab_size);
+    for (std::size_t row = 0; row * vocab < out.size(); ++row) {
+      const auto logits = out.subspan(row * vocab, vocab);
+      if (!std::all_of(logits.begin(), logits.end(), [](float x) { return std::isfinite(x); }))
+        check_all_finite(logits, detail::concat("forward: the model produced non-finite logits "
+                                                "(broken weights or overflow), row ", row));
+    }
+  }
+
   // The checks every forward makes; returns the token count.
   int check_forward(std::span<const std::int32_t> tokens, const KVCache<B>& cache) const {
     const int n = static_cast<int>(tokens.size());
@@ -171,43 +242,53 @@ class Transformer {
     }
   }
 
-  void forward_chunk(std::span<const std::int32_t> tokens, KVCache<B>& cache, float* out,
-                     LogitsFor which) {
+  // Runs one chunk of rows: the segments tile [0, tokens.size()) in order, each appending its
+  // rows to its own cache. LogitsFor::last gives the last row of every segment, [segments, vocab].
+  void forward_chunk(std::span<const std::int32_t> tokens, std::span<const Segment> segments,
+                     float* out, LogitsFor which) {
     const int n = static_cast<int>(tokens.size());
     const int d = cfg_.hidden_size, ff = cfg_.intermediate_size, qd = cfg_.q_dim(),
               kvd = cfg_.kv_dim();
     copy_to_backend(ctx_, tokens_.data(), tokens.data(), tokens.size());
-    const int chunk_position = cache.next_position();
-    cache.append(ctx_, n);
-    // Queries at positions >= observed_from() feed the eviction statistics.
-    const int first_observed = std::clamp(cache.observed_from() - chunk_position, 0, n);
-    const bool observed = cache.observing(chunk_position + n - 1);
-    const AttentionShape shape{cfg_.num_heads,
-                               cfg_.num_kv_heads,
-                               cfg_.head_dim,
-                               cfg_.sliding_window,
-                               1.0f / std::sqrt(static_cast<float>(cfg_.head_dim)),
-                               cache.capacity()};
+    rows_.clear();
+    for (const Segment& seg : segments) {
+      KVCache<B>& cache = *seg.cache;
+      const int chunk_position = cache.next_position();
+      cache.append(ctx_, seg.rows);
+      rows_.push_back({std::clamp(cache.observed_from() - chunk_position, 0, seg.rows),
+                       cache.observing(chunk_position + seg.rows - 1),
+                       AttentionShape{cfg_.num_heads, cfg_.num_kv_heads, cfg_.head_dim,
+                                      cfg_.sliding_window,
+                                      1.0f / std::sqrt(static_cast<float>(cfg_.head_dim)),
+                                      cache.capacity()}});
+    }
 
     float *x = x_.data(), *xn = xn_.data(), *q = q_.data(), *k = k_.data(), *v = v_.data(),
           *att = att_.data(), *gate = gate_.data(), *up = up_.data();
     embedding(ctx_, x, tokens_.data(), n, w_.embed.data(), d);
     for (int l = 0; l < cfg_.num_layers; ++l) {
       const LayerWeights<B, W>& L = w_.layers[std::size_t(l)];
-      const int first = cache.appended_at(l);
-      const std::int32_t* query_pos = cache.positions(l) + first;
       // Attention block: x += Wo * attention(rope(Wq xn), rope(Wk xn), Wv xn).
       rmsnorm(ctx_, xn, x, L.attn_norm.data(), n, d, cfg_.rms_eps);
       matmul(ctx_, q, xn, L.wq.data(), n, d, qd);
-      if (cache.collecting_queries()) cache.add_queries(ctx_, l, q, first, n);  // before RoPE
       matmul(ctx_, k, xn, L.wk.data(), n, d, kvd);
       matmul(ctx_, v, xn, L.wv.data(), n, d, kvd);
-      rope(ctx_, q, k, query_pos, n, cfg_.num_heads, cfg_.num_kv_heads, cfg_.head_dim,
-           cfg_.rope_theta);
-      kv_write(ctx_, cache.keys(l), cache.values(l), k, v, n, first, shape, cache.stats(l));
-      const AttentionStats stats{observed ? cache.stats(l) : nullptr, first_observed};
-      attention(ctx_, att, q, cache.keys(l), cache.values(l), cache.positions(l), cache.length(l),
-                query_pos, n, shape, stats);
+      for (std::size_t s = 0; s < segments.size(); ++s) {
+        KVCache<B>& cache = *segments[s].cache;
+        const SegmentRows& r = rows_[s];
+        const int rows = segments[s].rows;
+        const std::int64_t row = segments[s].row;
+        float *qs = q + row * qd, *ks = k + row * kvd, *vs = v + row * kvd;
+        const int first = cache.appended_at(l);
+        const std::int32_t* query_pos = cache.positions(l) + first;
+        if (cache.collecting_queries()) cache.add_queries(ctx_, l, qs, first, rows);  // before RoPE
+        rope(ctx_, qs, ks, query_pos, rows, cfg_.num_heads, cfg_.num_kv_heads, cfg_.head_dim,
+             cfg_.rope_theta);
+        kv_write(ctx_, cache.keys(l), cache.values(l), ks, vs, rows, first, r.shape, cache.stats(l));
+        const AttentionStats stats{r.observed ? cache.stats(l) : nullptr, r.first_observed};
+        attention(ctx_, att + row * qd, qs, cache.keys(l), cache.values(l), cache.positions(l),
+                  cache.length(l), query_pos, rows, r.shape, stats);
+      }
       matmul(ctx_, x, att, L.wo.data(), n, qd, d, /*accumulate=*/true);
       // Feed-forward block: x += W_down (silu(W_gate xn) * W_up xn).
       rmsnorm(ctx_, xn, x, L.ffn_norm.data(), n, d, cfg_.rms_eps);
@@ -217,9 +298,16 @@ class Transformer {
       matmul(ctx_, x, gate, L.w_down.data(), n, ff, d, /*accumulate=*/true);
     }
     if (which == LogitsFor::none) return;
-    const int rows = which == LogitsFor::all ? n : 1;
-    const float* last = x + std::int64_t(n - rows) * d;
-    rmsnorm(ctx_, xn, last, w_.final_norm.data(), rows, d, cfg_.rms_eps);
+    int rows = n;  // LogitsFor::all, or one-row segments: every row, normalised in one call
+    if (which == LogitsFor::last && std::int64_t(segments.size()) < n) {
+      rows = int(segments.size());
+      for (std::size_t s = 0; s < segments.size(); ++s) {
+        const std::int64_t last = segments[s].row + segments[s].rows - 1;
+        rmsnorm(ctx_, xn + std::int64_t(s) * d, x + last * d, w_.final_norm.data(), 1, d, cfg_.rms_eps);
+      }
+    } else {
+      rmsnorm(ctx_, xn, x, w_.final_norm.data(), rows, d, cfg_.rms_eps);
+    }
     matmul(ctx_, logits_.data(), xn, w_.output_matrix().data(), rows, d, cfg_.vocab_size);
     if (out) copy_to_host(ctx_, out, logits_.data(), std::size_t(rows) * cfg_.vocab_size);
   }
@@ -230,6 +318,8 @@ class Transformer {
   Context<B> ctx_;
   Tensor<float, B> x_, xn_, q_, att_, k_, v_, gate_, up_, logits_;
   Tensor<std::int32_t, B> tokens_;
+  std::vector<Segment> segments_;  // forward_batch's one-row segments
+  std::vector<SegmentRows> rows_;
 };
 
 }  // namespace dc

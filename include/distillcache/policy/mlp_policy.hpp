@@ -3,6 +3,11 @@
 // scale-free inputs (policy/policy_inputs.hpp); at inference the keep-set is the deterministic
 // top-B of each group (policy/select.hpp). It runs at any granularity, since inputs are taken
 // relative to the row's group.
+//
+// recent_fraction r (0 by default): the newest floor(r * budget) positions are always kept (scored
+// +inf, as H2O keeps its recent half) and the MLP chooses the rest among the older rows. A
+// structural prior rather than a learned one: H2O's recency window is measured in units of the
+// budget, which the scale-free inputs do not see.
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -65,7 +70,13 @@ class MlpPolicy final : public EvictionPolicy {
       window = c.extra["observation_window"].get<int>();
     }
     MlpLayout layout(int(inputs.size()), c.hidden, parse_activation(c.activation));
-    return MlpPolicy(std::move(inputs), std::move(layout), c.weights, window, std::move(name));
+    MlpPolicy policy(std::move(inputs), std::move(layout), c.weights, window, std::move(name));
+    if (c.extra.contains("recent_fraction")) {
+      DC_CHECK(c.extra["recent_fraction"].is_number(),
+               "policy checkpoint: 'recent_fraction' is not a number");
+      policy.set_recent_fraction(c.extra["recent_fraction"].get<double>());
+    }
+    return policy;
   }
 
   PolicyCheckpoint to_checkpoint() const {
@@ -76,8 +87,18 @@ class MlpPolicy final : public EvictionPolicy {
     c.activation = activation_name(layout_.activation);
     c.weights = params_;
     c.extra["observation_window"] = window_;
+    if (recent_fraction_ > 0.0) c.extra["recent_fraction"] = recent_fraction_;
     return c;
   }
+
+  double recent_fraction() const { return recent_fraction_; }
+  void set_recent_fraction(double fraction) {
+    DC_CHECK(std::isfinite(fraction) && fraction >= 0.0 && fraction < 1.0, "mlp policy: "
+             "recent_fraction ", fraction, " outside [0, 1)");
+    recent_fraction_ = fraction;
+  }
+  // The newest positions always kept at a budget of `budget` slots per group.
+  int recent_tokens(int budget) const { return int(recent_fraction_ * double(budget)); }
 
   std::string name() const override { return name_; }
   int observation_window() const override { return window_; }
@@ -95,8 +116,12 @@ class MlpPolicy final : public EvictionPolicy {
   }
 
  protected:
-  void score_slots(const TokenFeatures& f, int, std::span<float> scores) override {
+  void score_slots(const TokenFeatures& f, int budget, std::span<float> scores) override {
     forward(f, inputs_scratch_, scores);
+    const int recent = recent_tokens(budget);
+    if (recent > 0)
+      for (int i = 0; i < f.size; ++i)
+        if (f.position[std::size_t(i)] > f.latest_position - recent) scores[std::size_t(i)] = INFINITY;
   }
 
  private:
@@ -104,6 +129,7 @@ class MlpPolicy final : public EvictionPolicy {
   MlpLayout layout_;
   std::vector<float> params_;
   int window_;
+  double recent_fraction_ = 0.0;
   std::string name_;
   std::vector<float> inputs_scratch_;
 };

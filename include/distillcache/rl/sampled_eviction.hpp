@@ -4,6 +4,7 @@
 // top-B of inference, and records what the policy-gradient step needs to score the sample again
 // (the inputs, the groups, the picks in order).
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <numeric>
 #include <random>
@@ -17,8 +18,9 @@
 
 namespace dc {
 
-// One sampled eviction: the policy's inputs [rows, inputs] when it chose, its groups
-// [groups + 1] and the ordered picks of each group (global rows).
+// One sampled eviction: the policy's inputs [rows, inputs] of the rows it chose among (every row
+// but those it always keeps), their groups [groups + 1] and the ordered picks of each group (rows
+// of this record).
 struct SampledEviction {
   std::vector<float> inputs;
   std::vector<std::int32_t> group_offsets;
@@ -51,22 +53,50 @@ class GumbelSelector final : public KeepSetSelector {
     DC_CHECK(explore_groups >= 0, "sampled eviction: negative explore_groups ", explore_groups);
   }
 
+  // Rows the policy scored +inf (MlpPolicy's recent window) are kept without a choice: the
+  // sample, and the record the gradient reads, cover only the other rows, with the budget less
+  // the forced rows of each group (the same count in every group, as a recent window gives).
   KeepSets select(const TokenFeatures& f, std::span<const float> scores, int budget, int sink,
                   int recent) override {
     DC_CHECK(sink == 0 && recent == 0, "sampled eviction: protected sink (", sink, ") and recent (",
              recent, ") tokens are not supported while training; the policy learns what to keep");
+    const int group_count = int(f.groups.size());
+    std::vector<std::int32_t> candidates, forced;  // global rows, group by group
+    std::vector<std::int32_t> forced_offsets(1, 0);
     SampledEviction e;
-    e.inputs = policy_inputs(f, policy_.inputs());
-    e.group_offsets = group_offsets_of(f);
+    e.group_offsets.assign(1, 0);
+    int forced_per_group = -1;
+    for (const FeatureGroup& g : f.groups) {
+      for (int r = g.row_begin; r < g.row_end; ++r)
+        (scores[std::size_t(r)] == INFINITY ? forced : candidates).push_back(r);
+      const int group_forced = int(forced.size()) - forced_offsets.back();
+      DC_CHECK(forced_per_group < 0 || group_forced == forced_per_group, "sampled eviction: ",
+               group_forced, " always-kept rows in one group, ", forced_per_group, " in another");
+      forced_per_group = group_forced;
+      forced_offsets.push_back(std::int32_t(forced.size()));
+      e.group_offsets.push_back(std::int32_t(candidates.size()));
+    }
+    const int free_budget = std::max(0, budget - std::max(0, forced_per_group));
+    const std::vector<float> all_inputs = policy_inputs(f, policy_.inputs());
+    const std::size_t k = policy_.inputs().size();
+    std::vector<float> candidate_scores;
+    std::vector<std::int32_t> candidate_positions;
+    for (std::int32_t r : candidates) {
+      e.inputs.insert(e.inputs.end(), all_inputs.begin() + std::ptrdiff_t(std::size_t(r) * k),
+                      all_inputs.begin() + std::ptrdiff_t(std::size_t(r + 1) * k));
+      candidate_scores.push_back(scores[std::size_t(r)]);
+      candidate_positions.push_back(f.position[std::size_t(r)]);
+    }
+
     const std::uint64_t stream = stream_base_ + std::uint64_t(records_.size());
-    const GroupSamples sampled = topk_groups(Context<cpu>{}, scores, f.position, e.group_offsets,
-                                             budget, GumbelNoise{seed_, stream});
-    const int groups = sampled.groups();
-    std::vector<char> explored(std::size_t(groups), 1);
+    const GroupSamples sampled = topk_groups(Context<cpu>{}, candidate_scores, candidate_positions,
+                                             e.group_offsets, free_budget, GumbelNoise{seed_, stream});
+    std::vector<char> explored(std::size_t(group_count), 1);
     GroupSamples greedy;
-    if (explore_groups_ > 0 && explore_groups_ < groups) {
-      greedy = topk_groups(Context<cpu>{}, scores, f.position, e.group_offsets, budget);
-      std::vector<int> order(static_cast<std::size_t>(groups));
+    if (explore_groups_ > 0 && explore_groups_ < group_count) {
+      greedy = topk_groups(Context<cpu>{}, candidate_scores, candidate_positions, e.group_offsets,
+                           free_budget);
+      std::vector<int> order(static_cast<std::size_t>(group_count));
       std::iota(order.begin(), order.end(), 0);
       std::mt19937_64 rng(seed_ ^ (stream * 0x9E3779B97F4A7C15ull));
       std::shuffle(order.begin(), order.end(), rng);
@@ -75,11 +105,13 @@ class GumbelSelector final : public KeepSetSelector {
     }
     KeepSets keep(f.groups.size());
     e.picks.offsets.assign(1, 0);
-    for (int g = 0; g < groups; ++g) {
+    for (int g = 0; g < group_count; ++g) {
       const auto rows = explored[std::size_t(g)] ? sampled.group(g) : greedy.group(g);
-      auto& k = keep[std::size_t(g)];
-      for (std::int32_t row : rows) k.push_back(f.slot[std::size_t(row)]);
-      std::sort(k.begin(), k.end());
+      auto& kept = keep[std::size_t(g)];
+      for (std::int32_t row : rows) kept.push_back(f.slot[std::size_t(candidates[std::size_t(row)])]);
+      for (std::int32_t i = forced_offsets[std::size_t(g)]; i < forced_offsets[std::size_t(g) + 1]; ++i)
+        kept.push_back(f.slot[std::size_t(forced[std::size_t(i)])]);
+      std::sort(kept.begin(), kept.end());
       if (explored[std::size_t(g)]) e.picks.rows.insert(e.picks.rows.end(), rows.begin(), rows.end());
       e.picks.offsets.push_back(std::int32_t(e.picks.rows.size()));
     }

@@ -5,7 +5,9 @@
 // windows, wrapping), the prompt is prefilled once with the policy's observation window; the
 // full cache (teacher) is teacher-forced on the continuation; then for every budget, K keep-sets
 // are sampled (Gumbel-top-k per group, rl/sampled_eviction.hpp) and each student is
-// teacher-forced on the same continuation from a copy of the one prefill. The reward of a
+// teacher-forced on the same continuation from a copy of the one prefill; the students of all
+// budgets decode together as one batch (DecoderBatch), the weights streaming once per step for
+// all of them. The reward of a
 // rollout is minus its mean per-step KL(teacher || student) over the steps its eviction can
 // change (step 0 predicts from the prompt's own logits and is the same for every student); the
 // advantage is leave-one-out over the K rollouts of that (context, budget) (rl/reinforce.hpp).
@@ -19,8 +21,10 @@
 // Everything random is keyed on (seed, update, context, budget, rollout, eviction), and the
 // data order on the update number, so the state is only the parameters, Adam's moments and
 // the step: a resumed run continues bit for bit (save_state / restore_state).
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -145,6 +149,13 @@ class ReinforceTrainer {
   int step() const { return step_; }
   bool done() const { return step_ >= opt_.updates; }
 
+  // Students decoded as one batch (not a training option: it changes speed and memory, never a
+  // result). Each holds a KV cache of context + continuation tokens.
+  void set_max_batch(std::size_t students) {
+    DC_CHECK(students >= 1, "trainer: a batch of ", students, " students");
+    max_batch_ = students;
+  }
+
   // Runs the next update (step() + 1).
   UpdateStats update() {
     DC_CHECK(!done(), "trainer: all ", opt_.updates, " updates are done");
@@ -164,22 +175,19 @@ class ReinforceTrainer {
       const auto continuation = window.subspan(std::size_t(opt_.context));
       const auto teacher = prefill_and_teach(prompt, continuation);
       st.tokens += opt_.context + opt_.continuation;
+      // Every rollout of every budget of this context, decoded as batches (rollouts()).
+      const std::size_t per_budget = std::size_t(opt_.rollouts);
+      std::vector<double> returns(opt_.budgets.size() * per_budget);
+      std::vector<std::vector<SampledEviction>> records(returns.size());
+      rollouts_of_context(u, c, continuation, teacher, returns, records);
+      st.tokens += std::int64_t(returns.size()) * (opt_.continuation - 1);
       for (std::size_t b = 0; b < opt_.budgets.size(); ++b) {
-        std::vector<double> returns(std::size_t(opt_.rollouts));
-        std::vector<std::vector<SampledEviction>> records(std::size_t(opt_.rollouts));
+        const std::span<double> budget_returns(returns.data() + b * per_budget, per_budget);
+        for (double r : budget_returns) reward_sum += r;
+        rollouts += opt_.rollouts;
+        const auto adv = leave_one_out_advantages(budget_returns, opt_.standardise_advantages);
         for (int k = 0; k < opt_.rollouts; ++k) {
-          const std::uint64_t stream =
-              ((((std::uint64_t(u) * 4096 + std::uint64_t(c)) * 64 + b) * 1024 + std::uint64_t(k)) << 16);
-          const double kl = rollout(continuation, teacher, opt_.budgets[b], stream,
-                                    records[std::size_t(k)]);
-          returns[std::size_t(k)] = -kl;
-          reward_sum += -kl;
-          ++rollouts;
-          st.tokens += opt_.continuation - 1;
-        }
-        const auto adv = leave_one_out_advantages(returns, opt_.standardise_advantages);
-        for (int k = 0; k < opt_.rollouts; ++k) {
-          const auto& recs = records[std::size_t(k)];
+          const auto& recs = records[b * per_budget + std::size_t(k)];
           for (const SampledEviction& e : recs) {
             const double picks = std::max<double>(1.0, double(e.picks.rows.size()));
             const double groups = double(e.group_offsets.size() - 1);  // the entropy is over all
@@ -325,27 +333,52 @@ class ReinforceTrainer {
     return t;
   }
 
-  // One sampled student; returns its mean KL over steps 1..T-1.
-  double rollout(std::span<const std::int32_t> continuation, const Teacher& teacher, double fraction,
-                 std::uint64_t stream, std::vector<SampledEviction>& records) {
+  // The sampled students of context c in update u: rollout k of budget b fills
+  // returns[b * K + k] (minus its mean KL over steps 1..T-1) and records[b * K + k] (its sampled
+  // evictions). They decode as batches of at most max_batch (DecoderBatch); each has its own
+  // Gumbel stream, so batching does not change any result (on the CPU, bit for bit).
+  void rollouts_of_context(int u, int c, std::span<const std::int32_t> continuation,
+                           const Teacher& teacher, std::span<double> returns,
+                           std::span<std::vector<SampledEviction>> records) {
     const int steps = int(continuation.size());
-    EvictingDecoder<B, W> dec(model_, policy_, budget_of(fraction), opt_.mode, opt_.context, steps,
-                              opt_.granularity);
-    GumbelSelector selector(policy_, opt_.seed, stream, opt_.explore_groups);
-    dec.set_selector(&selector);
-    dec.adopt_prefill(teacher.prefilled, teacher.prompt_logits);
-    const std::size_t vocab = teacher.prompt_logits.size();
-    std::vector<float> student(std::size_t(steps - 1) * vocab);
-    for (int t = 1; t < steps; ++t) {
-      const auto out = dec.step(continuation[std::size_t(t - 1)]);
-      std::copy(out.begin(), out.end(), student.begin() + std::ptrdiff_t(std::size_t(t - 1) * vocab));
+    const std::size_t vocab = teacher.prompt_logits.size(), per_budget = std::size_t(opt_.rollouts);
+    for (std::size_t begin = 0; begin < returns.size(); begin += max_batch_) {
+      const std::size_t end = std::min(returns.size(), begin + max_batch_);
+      std::vector<std::unique_ptr<EvictingDecoder<B, W>>> decoders;
+      std::vector<std::unique_ptr<GumbelSelector>> selectors;
+      std::vector<EvictingDecoder<B, W>*> batch;
+      for (std::size_t i = begin; i < end; ++i) {
+        const std::size_t b = i / per_budget, k = i % per_budget;
+        const std::uint64_t stream =
+            ((((std::uint64_t(u) * 4096 + std::uint64_t(c)) * 64 + b) * 1024 + std::uint64_t(k)) << 16);
+        decoders.push_back(std::make_unique<EvictingDecoder<B, W>>(
+            model_, policy_, budget_of(opt_.budgets[b]), opt_.mode, opt_.context, steps,
+            opt_.granularity));
+        selectors.push_back(std::make_unique<GumbelSelector>(policy_, opt_.seed, stream, opt_.explore_groups));
+        decoders.back()->set_selector(selectors.back().get());
+        decoders.back()->adopt_prefill(teacher.prefilled, teacher.prompt_logits);
+        batch.push_back(decoders.back().get());
+      }
+      std::vector<std::vector<float>> student(batch.size());
+      std::vector<std::int32_t> tokens(batch.size());
+      for (int t = 1; t < steps; ++t) {
+        std::fill(tokens.begin(), tokens.end(), continuation[std::size_t(t - 1)]);
+        stepper_.step(batch, tokens);
+        for (std::size_t i = 0; i < batch.size(); ++i) {
+          const auto out = batch[i]->logits();
+          student[i].insert(student[i].end(), out.begin(), out.end());
+        }
+      }
+      std::vector<float> kl(std::size_t(steps - 1));
+      for (std::size_t i = 0; i < batch.size(); ++i) {
+        kl_rows(Context<cpu>{}, teacher.rows.data() + vocab, student[i].data(), steps - 1, int(vocab),
+                kl.data());
+        double sum = 0.0;
+        for (float x : kl) sum += double(x);
+        returns[begin + i] = -sum / double(steps - 1);
+        records[begin + i] = selectors[i]->records();
+      }
     }
-    std::vector<float> kl(std::size_t(steps - 1));
-    kl_rows(Context<cpu>{}, teacher.rows.data() + vocab, student.data(), steps - 1, int(vocab), kl.data());
-    double sum = 0.0;
-    for (float x : kl) sum += double(x);
-    records = selector.records();
-    return sum / double(steps - 1);
   }
 
   Transformer<B, W>& model_;
@@ -354,6 +387,8 @@ class ReinforceTrainer {
   std::vector<std::vector<std::int32_t>> windows_;
   std::vector<float> m_, v_, grad_;
   int step_ = 0;
+  std::size_t max_batch_ = 32;
+  DecoderBatch<B, W> stepper_;
 };
 
 }  // namespace dc
