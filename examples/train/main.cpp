@@ -77,7 +77,8 @@ int main(int argc, char** argv) {
   app.add_option("--checkpoint-every", checkpoint_every, "updates between checkpoints")->check(integer_in(1, 1 << 24));
   app.add_option("--stop-after", stop_after, "stop (with a checkpoint) after this update; 0 = run all")->check(integer_in(0, 1 << 24));
   app.add_option("--init-target", init_target, "warm start: fit the scores to this combination of the "
-                 "inputs before REINFORCE, e.g. alpha=2,position=8 ('none': no warm start)");
+                 "inputs before REINFORCE, e.g. alpha=2,position=8; the term h2o adds H2O's heavy-hitter score "
+                 "(needs alpha and position; 'none': no warm start)");
   app.add_option("--init-contexts", init_contexts, "warm start: training windows whose features it fits")
       ->check(integer_in(1, 4096));
   app.add_option("--init-steps", init_steps, "warm start: Adam steps")->check(integer_in(0, 1 << 20));
@@ -177,7 +178,21 @@ int main(int argc, char** argv) {
       };
       if (trainer.step() == 0 && init_target != "none" && init_steps > 0) {
         std::vector<float> coefficients(policy.inputs().size(), 0.0f);
+        // "h2o": H2O's heavy-hitter score in the policy's inputs. H2O ranks by the mass summed
+        // over the queries, alpha is its mean over the (latest - position) queries that see the
+        // token: log(sum) = log(alpha n) + log(1 - position) + const.
+        bool h2o = false;
+        auto input_index = [&](dc::PolicyInput input, const std::string& why) {
+          const auto at = std::find(policy.inputs().begin(), policy.inputs().end(), input);
+          DC_CHECK(at != policy.inputs().end(), "--init-target: ", why, " needs the input '",
+                   dc::policy_input_name(input), "' in --inputs");
+          return std::size_t(at - policy.inputs().begin());
+        };
         for (const auto& term : split_list(init_target)) {
+          if (term == "h2o") {
+            h2o = true;
+            continue;
+          }
           const auto eq = term.find('=');
           DC_CHECK(eq != std::string::npos, "--init-target: '", term, "' is not INPUT=COEFFICIENT");
           const auto input = dc::parse_policy_input(term.substr(0, eq));
@@ -188,7 +203,14 @@ int main(int argc, char** argv) {
           DC_CHECK(v.has_value() && std::isfinite(*v), "--init-target: '", term, "' has no number");
           coefficients[std::size_t(at - policy.inputs().begin())] = float(*v);
         }
-        const auto w = trainer.warm_start(init_contexts, coefficients, init_steps, 1e-2f);
+        const std::size_t alpha_at = h2o ? input_index(dc::PolicyInput::alpha, "h2o") : 0,
+                          position_at = h2o ? input_index(dc::PolicyInput::position, "h2o") : 0;
+        const auto w = trainer.warm_start_to(init_contexts, [&](std::span<const float> row) {
+          float t = 0.0f;
+          for (std::size_t j = 0; j < row.size(); ++j) t += coefficients[j] * row[j];
+          if (h2o) t += row[alpha_at] + std::log(std::max(1.0f - row[position_at], 1e-3f));
+          return t;
+        }, init_steps, 1e-2f);
         std::fprintf(stderr, "train: warm start (%s) on %lld rows: MSE %.4f -> %.4f\n", init_target.c_str(),
                      (long long)w.rows, w.initial_mse, w.final_mse);
       }

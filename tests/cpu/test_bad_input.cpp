@@ -462,6 +462,22 @@ std::vector<BadInput> bad_inputs(const dc_test::TempDir& tmp) {
     e.add_context(prompt(8), std::vector<std::int32_t>{}, [](std::size_t) {});
   }, "empty prompt or continuation");
 
+  add("Transformer::forward_batch", "fewer tokens than caches", [&] {
+    auto a = model.make_cache(4), b = model.make_cache(4);
+    std::vector<dc::KVCache<dc::cpu>*> caches{&a, &b};
+    std::vector<float> out(2 * std::size_t(model.config().vocab_size));
+    model.forward_batch(std::vector<std::int32_t>{1}, caches, out);
+  }, "forward_batch: 1 tokens for 2 caches (one token per sequence)");
+  add("Transformer::forward_batch", "one cache twice", [&] {
+    auto a = model.make_cache(4);
+    std::vector<dc::KVCache<dc::cpu>*> caches{&a, &a};
+    std::vector<float> out(2 * std::size_t(model.config().vocab_size));
+    model.forward_batch(std::vector<std::int32_t>{1, 2}, caches, out);
+  }, "forward_batch: sequences 0 and 1 share one KV cache");
+  add("MlpPolicy::set_recent_fraction", "fraction 1", [&] {
+    dc::MlpPolicy::initialised(dc::paper_policy_inputs(), {4}, 1).set_recent_fraction(1.0);
+  }, "mlp policy: recent_fraction 1 outside [0, 1)");
+
   // ---- policy checkpoints -------------------------------------------------------------------
   add("load_policy_checkpoint", "not a checkpoint (a config.json)",
       [&] { dc::load_policy_checkpoint(kFixtures + "/tiny_mistral/config.json"); },

@@ -216,6 +216,27 @@ TEST_CASE("attention statistics over a long cache are identical for 1 and 2 thre
 }
 #endif
 
+TEST_CASE("attention statistics: a negative first_observed observes every query, as on the GPU") {
+  const int len = 12, n = 3;
+  const dc::AttentionShape s{4, 2, 8, 0, 1.0f / std::sqrt(8.0f), len};
+  std::vector<std::int32_t> key_pos(std::size_t(s.num_kv_heads) * len);
+  for (std::size_t j = 0; j < key_pos.size(); ++j) key_pos[j] = std::int32_t(j % std::size_t(len));
+  const std::vector<std::int32_t> query_pos{len - 3, len - 2, len - 1};
+  const auto kc = random_vector(std::size_t(s.num_kv_heads) * len * s.head_dim, 17);
+  const auto vc = random_vector(kc.size(), 18);
+  const auto q = random_vector(std::size_t(n) * s.num_heads * s.head_dim, 19);
+  auto run = [&](int first_observed) {
+    std::vector<float> out(q.size()), stats(std::size_t(dc::stat_block_floats(s.num_heads, s.num_kv_heads, len)), 0.0f);
+    dc::attention(dc::Context<dc::cpu>{}, out.data(), q.data(), kc.data(), vc.data(), key_pos.data(),
+                  len, query_pos.data(), n, s, dc::AttentionStats{stats.data(), first_observed});
+    return stats;
+  };
+  const auto all = run(0);
+  CHECK(all == run(-5));
+  CHECK(all[std::size_t(dc::kStatQueries) * len] == 3.0f);  // slot 0 of KV head 0: all 3 queries
+  CHECK(run(n)[std::size_t(dc::kStatQueries) * len] == 0.0f);  // none observed
+}
+
 TEST_CASE("bf16 and f16 conversions round to nearest even and keep specials") {
   CHECK(dc::to_float(dc::to_bf16(1.0f)) == 1.0f);
   CHECK(dc::to_bf16(1.00390625f).bits == 0x3f80);   // exactly halfway, ties to even (down)

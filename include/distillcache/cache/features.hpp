@@ -233,8 +233,7 @@ TokenFeatures gather_features(const Context<B>& ctx, const KVCache<B>& cache,
   for (int l = 0; l < layers; ++l) {
     const std::size_t n = std::size_t(cache.length(l));
     stats[std::size_t(l)].resize(block * n);
-    for (std::size_t r = 0; r < block; ++r)
-      copy_to_host(ctx, stats[std::size_t(l)].data() + r * n, cache.stats(l) + std::int64_t(r) * cap, n);
+    copy_rows_to_host(ctx, stats[std::size_t(l)].data(), cache.stats(l), std::size_t(cap), n, block);
   }
   std::vector<std::vector<float>> expected(static_cast<std::size_t>(layers));
   f.has_expected_attention = cache.collecting_queries();

@@ -18,6 +18,15 @@ void copy_to_host(const Context<cpu>&, T* dst, const T* src, std::size_t count) 
   if (count) std::memcpy(dst, src, count * sizeof(T));
 }
 
+// rows rows of count elements, row r read at src + r * src_stride and written densely at
+// dst + r * count: one call for a strided block (e.g. the valid slots of every statistics row).
+template <class T>
+void copy_rows_to_host(const Context<cpu>&, T* dst, const T* src, std::size_t src_stride,
+                       std::size_t count, std::size_t rows) {
+  if (!count) return;
+  for (std::size_t r = 0; r < rows; ++r) std::memcpy(dst + r * count, src + r * src_stride, count * sizeof(T));
+}
+
 // Copy between two buffers of the same backend.
 template <class T>
 void copy_on_backend(const Context<cpu>&, T* dst, const T* src, std::size_t count) {

@@ -13,6 +13,7 @@
 // Statistics are fused: the probabilities of observed queries are kept from the softmax (no
 // second pass over K or V) and folded into the slot accumulators in a fixed order, so the sums
 // do not depend on the thread count.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <span>
@@ -34,7 +35,9 @@ inline void attention(const Context<cpu>&, float* out, const float* q, const flo
                       const std::int32_t* query_pos, int n, const AttentionShape& s,
                       AttentionStats stats = {}) {
   const int hd = s.head_dim;
-  const int observed = stats.block ? std::max(0, n - stats.first_observed) : 0;
+  // Observed queries are t in [first_observed, n), first_observed clamped to [0, n] as the CUDA
+  // overload does (a negative one means every query).
+  const int observed = stats.block ? n - std::clamp(stats.first_observed, 0, n) : 0;
   // Probabilities [observed, heads, len] and row entropies [observed, heads] of observed queries.
   // Scratch of the calling thread, shared with the OpenMP workers through plain pointers.
   thread_local std::vector<float> probs_scratch, entropy_scratch;

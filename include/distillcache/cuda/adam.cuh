@@ -22,7 +22,9 @@ inline constexpr int kOptimThreads = 256;
 // order, and the result, depend only on n.
 inline constexpr int kNormBlocks = 1024;
 
-static __global__ void adam_kernel(float* DC_RESTRICT params, const float* DC_RESTRICT grads,
+// A template (COMDAT), not a static function: see cuda/attention.cuh.
+template <int = 0>
+__global__ void adam_kernel(float* DC_RESTRICT params, const float* DC_RESTRICT grads,
                                    float* DC_RESTRICT m, float* DC_RESTRICT v, std::int64_t n,
                                    math::AdamCoefficients c) {
   const std::int64_t stride = std::int64_t(gridDim.x) * blockDim.x;
@@ -46,7 +48,9 @@ __global__ void __launch_bounds__(THREADS)
   if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
 
-static __global__ void scale_kernel(float* grads, std::int64_t n, float factor) {
+// A template (COMDAT), not a static function: see cuda/attention.cuh.
+template <int = 0>
+__global__ void scale_kernel(float* grads, std::int64_t n, float factor) {
   const std::int64_t stride = std::int64_t(gridDim.x) * blockDim.x;
   for (std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
     grads[i] *= factor;
@@ -61,7 +65,7 @@ inline void adam_update(const Context<cuda>& ctx, float* params, const float* gr
   const math::AdamCoefficients c = math::adam_coefficients(hyper, step);
   if (n == 0) return;
   const int threads = cuda_detail::kOptimThreads;
-  cuda_detail::adam_kernel<<<cuda_detail::grid_for(n, threads), threads, 0, ctx.stream()>>>(
+  cuda_detail::adam_kernel<><<<cuda_detail::grid_for(n, threads), threads, 0, ctx.stream()>>>(
       params, grads, m, v, n, c);
   DC_CUDA_CHECK_LAUNCH("adam_kernel");
 }
@@ -92,7 +96,7 @@ inline void scale_gradients(const Context<cuda>& ctx, float* grads, std::int64_t
   math::check_scale_factor(factor);
   if (n == 0 || factor == 1.0f) return;
   const int threads = cuda_detail::kOptimThreads;
-  cuda_detail::scale_kernel<<<cuda_detail::grid_for(n, threads), threads, 0, ctx.stream()>>>(
+  cuda_detail::scale_kernel<><<<cuda_detail::grid_for(n, threads), threads, 0, ctx.stream()>>>(
       grads, n, factor);
   DC_CUDA_CHECK_LAUNCH("scale_kernel");
 }

@@ -2,9 +2,11 @@
 // Host <-> device copies for Context<cuda>, stream-ordered on the context's stream.
 //
 // The CPU overloads in core/copy.hpp let the caller reuse the source as soon as they return, and
-// generic code (KVCache::append, Transformer::forward) relies on that. cudaMemcpyAsync from
-// pageable memory already behaves so (the data is staged before the call returns); from pinned
-// memory it is truly asynchronous, so then we wait for the stream to keep the same contract.
+// generic code (KVCache::append, kv_compact's keep-set, upload staging) relies on that. The CUDA
+// documentation does not promise that cudaMemcpyAsync from pageable memory has read the source
+// when it returns, and from pinned memory it certainly has not, so for any source that is not
+// device (or managed) memory we wait for the stream: the same contract, at one synchronisation
+// per host-to-device copy (small, per step: positions, tokens, keep-sets).
 // cudaMemcpyDefault lets unified addressing pick the direction, so device-to-device works too.
 #include <cstddef>
 
@@ -22,7 +24,8 @@ void copy_to_backend(const Context<cuda>& ctx, T* dst, const T* src, std::size_t
   DC_CUDA_CHECK(cudaMemcpyAsync(dst, src, count * sizeof(T), cudaMemcpyDefault, ctx.stream()));
   cudaPointerAttributes attr{};
   DC_CUDA_CHECK(cudaPointerGetAttributes(&attr, src));
-  if (attr.type == cudaMemoryTypeHost) DC_CUDA_CHECK(cudaStreamSynchronize(ctx.stream()));
+  if (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged)
+    DC_CUDA_CHECK(cudaStreamSynchronize(ctx.stream()));
 }
 
 // Waits for the copy (and everything queued before it), so the host can read dst on return.
@@ -30,6 +33,16 @@ template <class T>
 void copy_to_host(const Context<cuda>& ctx, T* dst, const T* src, std::size_t count) {
   if (!count) return;
   DC_CUDA_CHECK(cudaMemcpyAsync(dst, src, count * sizeof(T), cudaMemcpyDefault, ctx.stream()));
+  DC_CUDA_CHECK(cudaStreamSynchronize(ctx.stream()));
+}
+
+// The strided block of core/copy.hpp's copy_rows_to_host in one cudaMemcpy2DAsync, then waits.
+template <class T>
+void copy_rows_to_host(const Context<cuda>& ctx, T* dst, const T* src, std::size_t src_stride,
+                       std::size_t count, std::size_t rows) {
+  if (!count || !rows) return;
+  DC_CUDA_CHECK(cudaMemcpy2DAsync(dst, count * sizeof(T), src, src_stride * sizeof(T), count * sizeof(T),
+                                  rows, cudaMemcpyDefault, ctx.stream()));
   DC_CUDA_CHECK(cudaStreamSynchronize(ctx.stream()));
 }
 

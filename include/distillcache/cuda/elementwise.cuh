@@ -24,7 +24,9 @@ __global__ void embedding_kernel(float* DC_RESTRICT out, const std::int32_t* DC_
   for (int i = threadIdx.x; i < d; i += blockDim.x) o[i] = load_float(row + i);
 }
 
-static __global__ void swiglu_kernel(float* gate, const float* up, std::int64_t count) {
+// A template (COMDAT), not a static function: see cuda/attention.cuh.
+template <int = 0>
+__global__ void swiglu_kernel(float* gate, const float* up, std::int64_t count) {
   const std::int64_t stride = std::int64_t(gridDim.x) * blockDim.x;
   for (std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride)
     gate[i] = math::swiglu(gate[i], up[i]);
@@ -79,7 +81,7 @@ inline void swiglu(const Context<cuda>& ctx, float* gate, const float* up, std::
   if (count <= 0) return;
   constexpr int kThreads = 256;
   const unsigned blocks = cuda_detail::grid_for(count, kThreads, 16 * ctx.sm_count());
-  cuda_detail::swiglu_kernel<<<blocks, kThreads, 0, ctx.stream()>>>(gate, up, count);
+  cuda_detail::swiglu_kernel<><<<blocks, kThreads, 0, ctx.stream()>>>(gate, up, count);
   DC_CUDA_CHECK_LAUNCH("swiglu_kernel");
 }
 

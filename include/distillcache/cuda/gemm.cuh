@@ -139,7 +139,9 @@ void gemv(const Context<cuda>& ctx, float* y, const float* x, const W* w, int n,
   }
 }
 
-static __global__ void float_to_bf16_kernel(__nv_bfloat16* DC_RESTRICT dst, const float* DC_RESTRICT src,
+// A template (COMDAT), not a static function: see cuda/attention.cuh.
+template <int = 0>
+__global__ void float_to_bf16_kernel(__nv_bfloat16* DC_RESTRICT dst, const float* DC_RESTRICT src,
                                      std::int64_t count) {
   const std::int64_t stride = std::int64_t(gridDim.x) * blockDim.x;
   for (std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride)
@@ -171,7 +173,7 @@ void matmul(const Context<cuda>& ctx, float* y, const float* x, const W* w, int 
     const std::int64_t count = std::int64_t(n) * in;
     auto* xb = ctx.workspace_as<__nv_bfloat16>(std::size_t(count));
     constexpr int kThreads = 256;
-    cuda_detail::float_to_bf16_kernel<<<cuda_detail::grid_for(count, kThreads, 8 * ctx.sm_count()),
+    cuda_detail::float_to_bf16_kernel<><<<cuda_detail::grid_for(count, kThreads, 8 * ctx.sm_count()),
                                         kThreads, 0, ctx.stream()>>>(xb, x, count);
     DC_CUDA_CHECK_LAUNCH("float_to_bf16_kernel");
     DC_CUBLAS_CHECK(cublasGemmEx(ctx.cublas(), CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &alpha, w,

@@ -55,7 +55,9 @@ inline MlpDeviceLayout device_layout(const MlpLayout& L, const char* op) {
   return d;
 }
 
-static __global__ void mlp_forward_kernel(MlpDeviceLayout L, const float* DC_RESTRICT params,
+// A template (COMDAT), not a static function: see cuda/attention.cuh.
+template <int = 0>
+__global__ void mlp_forward_kernel(MlpDeviceLayout L, const float* DC_RESTRICT params,
                                           const float* DC_RESTRICT x, std::int64_t n,
                                           float* DC_RESTRICT scores, float* DC_RESTRICT saved) {
   const std::int64_t row = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -82,7 +84,9 @@ static __global__ void mlp_forward_kernel(MlpDeviceLayout L, const float* DC_RES
 }
 
 // dz [n, saved_per_row]: d loss / d pre-activation of every hidden unit of the row.
-static __global__ void mlp_backward_rows_kernel(MlpDeviceLayout L, const float* DC_RESTRICT params,
+// A template (COMDAT), not a static function: see cuda/attention.cuh.
+template <int = 0>
+__global__ void mlp_backward_rows_kernel(MlpDeviceLayout L, const float* DC_RESTRICT params,
                                                 const float* DC_RESTRICT saved,
                                                 const float* DC_RESTRICT dscores, std::int64_t n,
                                                 float* DC_RESTRICT dz) {
@@ -143,7 +147,7 @@ inline void mlp_forward(const Context<cuda>& ctx, const MlpLayout& layout, const
   if (n == 0) return;
   constexpr int kThreads = 128;
   const auto blocks = static_cast<unsigned>((n + kThreads - 1) / kThreads);
-  cuda_detail::mlp_forward_kernel<<<blocks, kThreads, 0, ctx.stream()>>>(L, params, x, n, scores, saved);
+  cuda_detail::mlp_forward_kernel<><<<blocks, kThreads, 0, ctx.stream()>>>(L, params, x, n, scores, saved);
   DC_CUDA_CHECK_LAUNCH("mlp_forward_kernel");
 }
 
@@ -158,7 +162,7 @@ inline void mlp_backward(const Context<cuda>& ctx, const MlpLayout& layout, cons
   if (n == 0) return;
   constexpr int kThreads = 128;
   const auto blocks = static_cast<unsigned>((n + kThreads - 1) / kThreads);
-  cuda_detail::mlp_backward_rows_kernel<<<blocks, kThreads, 0, ctx.stream()>>>(L, params, saved, dscores, n,
+  cuda_detail::mlp_backward_rows_kernel<><<<blocks, kThreads, 0, ctx.stream()>>>(L, params, saved, dscores, n,
                                                                               dz_scratch);
   DC_CUDA_CHECK_LAUNCH("mlp_backward_rows_kernel");
   constexpr int kReduceThreads = 256;

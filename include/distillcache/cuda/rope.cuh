@@ -26,7 +26,9 @@ struct RopeFrequencies {
 
 // One block per token: its cos/sin table goes to shared memory once, then every head's pairs
 // (query heads first, then key heads) are rotated by the block's threads.
-static __global__ void rope_kernel(float* q, float* k, const std::int32_t* DC_RESTRICT pos, int q_heads,
+// A template (COMDAT), not a static function: see cuda/attention.cuh.
+template <int = 0>
+__global__ void rope_kernel(float* q, float* k, const std::int32_t* DC_RESTRICT pos, int q_heads,
                             int kv_heads, int head_dim, const RopeFrequencies freqs) {
   extern __shared__ float cs[];  // [pairs][2]: cos, sin
   const int t = blockIdx.x;
@@ -63,7 +65,7 @@ inline void rope(const Context<cuda>& ctx, float* q, float* k, const std::int32_
   for (int i = 0; i < pairs; ++i) freqs.inv_freq[i] = math::rope_inv_freq(i, head_dim, theta);
   const int threads = 128;
   const std::size_t smem = std::size_t(2) * pairs * sizeof(float);
-  cuda_detail::rope_kernel<<<n, threads, smem, ctx.stream()>>>(q, k, pos, q_heads, kv_heads,
+  cuda_detail::rope_kernel<><<<n, threads, smem, ctx.stream()>>>(q, k, pos, q_heads, kv_heads,
                                                                head_dim, freqs);
   DC_CUDA_CHECK_LAUNCH("rope_kernel");
 }

@@ -181,6 +181,23 @@ class DecoderBatch {
     }
   }
 
+  // Teacher-forcing: step t feeds tokens[t] to every decoder; rows[i] gets decoder i's logits of
+  // every step appended ([tokens.size(), vocab] more floats).
+  void teacher_force(std::span<EvictingDecoder<B, W>* const> decoders, std::span<const std::int32_t> tokens,
+                     std::vector<std::vector<float>>& rows) {
+    DC_CHECK(rows.size() == decoders.size(), "DecoderBatch: ", rows.size(), " row buffers for ",
+             decoders.size(), " decoders");
+    std::vector<std::int32_t> same(decoders.size());
+    for (const std::int32_t token : tokens) {
+      std::fill(same.begin(), same.end(), token);
+      step(decoders, same);
+      for (std::size_t i = 0; i < decoders.size(); ++i) {
+        const auto out = decoders[i]->logits();
+        rows[i].insert(rows[i].end(), out.begin(), out.end());
+      }
+    }
+  }
+
  private:
   std::vector<KVCache<B>*> caches_;
   std::vector<float> logits_;  // [decoders, vocab]

@@ -99,15 +99,7 @@ class FidelityEvaluator {
       }
       std::vector<EvictingDecoder<B, W>*> batch;
       for (auto& d : decoders) batch.push_back(d.get());
-      std::vector<std::int32_t> tokens(batch.size());
-      for (int t = 1; t < steps; ++t) {
-        std::fill(tokens.begin(), tokens.end(), continuation[std::size_t(t - 1)]);
-        stepper_.step(batch, tokens);
-        for (std::size_t i = 0; i < batch.size(); ++i) {
-          const auto out = batch[i]->logits();
-          rows[i].insert(rows[i].end(), out.begin(), out.end());
-        }
-      }
+      stepper_.teacher_force(batch, continuation.first(std::size_t(steps - 1)), rows);
       for (std::size_t i = 0; i < decoders.size(); ++i) {
         if (student_of[i] == kTeacher) {
           teacher = std::move(rows[i]);

@@ -223,9 +223,20 @@ class ReinforceTrainer {
   // training windows' features, at most max_rows rows taken evenly from them.
   WarmStartResult warm_start(int contexts, std::span<const float> target, int steps, float lr,
                              std::int64_t max_rows = 1 << 15) {
+    DC_CHECK(target.size() == policy_.inputs().size(), "warm start: ", target.size(),
+             " target coefficients for ", policy_.inputs().size(), " policy inputs");
+    return warm_start_to(contexts, [&](std::span<const float> row) {
+      float t = 0.0f;
+      for (std::size_t j = 0; j < row.size(); ++j) t += target[j] * row[j];
+      return t;
+    }, steps, lr, max_rows);
+  }
+
+  // The same with any target: target_of(row) gives the score to fit for one row of inputs.
+  template <class TargetOf>
+  WarmStartResult warm_start_to(int contexts, TargetOf&& target_of, int steps, float lr,
+                                std::int64_t max_rows = 1 << 15) {
     const auto& in = policy_.inputs();
-    DC_CHECK(target.size() == in.size(), "warm start: ", target.size(), " target coefficients for ",
-             in.size(), " policy inputs");
     DC_CHECK(contexts >= 1 && max_rows >= 1, "warm start: ", contexts, " contexts, ", max_rows, " rows");
     const std::size_t k = in.size();
     std::vector<float> all_inputs;
@@ -242,11 +253,9 @@ class ReinforceTrainer {
     const std::int64_t stride = std::max<std::int64_t>(1, (rows + max_rows - 1) / max_rows);
     std::vector<float> inputs, targets;
     for (std::int64_t r = 0; r < rows; r += stride) {
-      const float* row = all_inputs.data() + std::size_t(r) * k;
-      inputs.insert(inputs.end(), row, row + k);
-      float t = 0.0f;
-      for (std::size_t j = 0; j < k; ++j) t += target[j] * row[j];
-      targets.push_back(t);
+      const std::span<const float> row(all_inputs.data() + std::size_t(r) * k, k);
+      inputs.insert(inputs.end(), row.begin(), row.end());
+      targets.push_back(target_of(row));
     }
     return fit_policy_scores(policy_, inputs, targets, steps, lr);
   }
@@ -360,15 +369,7 @@ class ReinforceTrainer {
         batch.push_back(decoders.back().get());
       }
       std::vector<std::vector<float>> student(batch.size());
-      std::vector<std::int32_t> tokens(batch.size());
-      for (int t = 1; t < steps; ++t) {
-        std::fill(tokens.begin(), tokens.end(), continuation[std::size_t(t - 1)]);
-        stepper_.step(batch, tokens);
-        for (std::size_t i = 0; i < batch.size(); ++i) {
-          const auto out = batch[i]->logits();
-          student[i].insert(student[i].end(), out.begin(), out.end());
-        }
-      }
+      stepper_.teacher_force(batch, continuation.first(std::size_t(steps - 1)), student);
       std::vector<float> kl(std::size_t(steps - 1));
       for (std::size_t i = 0; i < batch.size(); ++i) {
         kl_rows(Context<cpu>{}, teacher.rows.data() + vocab, student[i].data(), steps - 1, int(vocab),
