@@ -178,9 +178,7 @@ int main(int argc, char** argv) {
       };
       if (trainer.step() == 0 && init_target != "none" && init_steps > 0) {
         std::vector<float> coefficients(policy.inputs().size(), 0.0f);
-        // "h2o": H2O's heavy-hitter score in the policy's inputs. H2O ranks by the mass summed
-        // over the queries, alpha is its mean over the (latest - position) queries that see the
-        // token: log(sum) = log(alpha n) + log(1 - position) + const.
+        // "h2o": H2O's heavy-hitter score in the policy's inputs (math::h2o_score_from_inputs).
         bool h2o = false;
         auto input_index = [&](dc::PolicyInput input, const std::string& why) {
           const auto at = std::find(policy.inputs().begin(), policy.inputs().end(), input);
@@ -208,7 +206,7 @@ int main(int argc, char** argv) {
         const auto w = trainer.warm_start_to(init_contexts, [&](std::span<const float> row) {
           float t = 0.0f;
           for (std::size_t j = 0; j < row.size(); ++j) t += coefficients[j] * row[j];
-          if (h2o) t += row[alpha_at] + std::log(std::max(1.0f - row[position_at], 1e-3f));
+          if (h2o) t += dc::math::h2o_score_from_inputs(row[alpha_at], row[position_at]);
           return t;
         }, init_steps, 1e-2f);
         std::fprintf(stderr, "train: warm start (%s) on %lld rows: MSE %.4f -> %.4f\n", init_target.c_str(),

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <random>
 #include <vector>
 
 #include <distillcache/cpu/mlp.hpp>
@@ -235,5 +236,22 @@ TEST_CASE("exp_fast: within 5e-7 of exp over the range, clamped outside it; the 
       CHECK(out[i] == doctest::Approx(dc::math::activate(a, z[i])).epsilon(1e-6));
       CHECK(dz[i] == doctest::Approx(1.5f * dc::math::activate_derivative(a, z[i])).epsilon(1e-6));
     }
+  }
+}
+
+TEST_CASE("h2o_score_from_inputs orders tokens as H2O's summed mass does") {
+  // n prompt tokens, every query observed: token i is seen by n - i queries, so its summed mass
+  // is mean * (n - i). The score differences must be the log-ratios of the sums.
+  const int n = 400;
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> mean(0.1f / n, 5.0f / n);
+  auto score = [&](float m, int i) {
+    return dc::math::h2o_score_from_inputs(dc::math::input_log_relative_mass(m, n), float(i) / float(n - 1));
+  };
+  for (int trial = 0; trial < 200; ++trial) {
+    const int i = int(rng() % 350), j = int(rng() % 350);
+    const float mi = mean(rng), mj = mean(rng);
+    const double want = std::log(double(mi) * (n - i)) - std::log(double(mj) * (n - j));
+    CHECK(double(score(mi, i) - score(mj, j)) == doctest::Approx(want).epsilon(0.02).scale(1.0));
   }
 }

@@ -189,52 +189,58 @@ TEST_CASE("attention equals an explicit masked softmax over a compacted cache") 
     }
 }
 
+namespace {
+
+// Three decode queries at the end of a cache of len slots (4 query heads on 2 KV heads,
+// head_dim 8): run() gives the output followed by the statistics block.
+struct StatisticsCase {
+  int len, n = 3;
+  dc::AttentionShape s;
+  std::vector<std::int32_t> key_pos, query_pos;  // key_pos [kv_heads, capacity]
+  std::vector<float> kc, vc, q;
+
+  StatisticsCase(int length, unsigned seed)
+      : len(length), s{4, 2, 8, 0, 1.0f / std::sqrt(8.0f), length},
+        key_pos(std::size_t(s.num_kv_heads) * std::size_t(length)),
+        query_pos{length - 3, length - 2, length - 1},
+        kc(random_vector(std::size_t(s.num_kv_heads) * std::size_t(length) * std::size_t(s.head_dim), seed)),
+        vc(random_vector(kc.size(), seed + 1)),
+        q(random_vector(std::size_t(n) * std::size_t(s.num_heads) * std::size_t(s.head_dim), seed + 2)) {
+    for (std::size_t j = 0; j < key_pos.size(); ++j) key_pos[j] = std::int32_t(j % std::size_t(len));
+  }
+  std::vector<float> run(int first_observed) const {
+    std::vector<float> out(q.size()), stats(std::size_t(dc::stat_block_floats(s.num_heads, s.num_kv_heads, len)), 0.0f);
+    dc::attention(dc::Context<dc::cpu>{}, out.data(), q.data(), kc.data(), vc.data(), key_pos.data(),
+                  len, query_pos.data(), n, s, dc::AttentionStats{stats.data(), first_observed});
+    out.insert(out.end(), stats.begin(), stats.end());
+    return out;
+  }
+  // The count of observed queries that saw slot 0 of KV head 0.
+  static float queries_of_slot0(const std::vector<float>& run_output, const StatisticsCase& c) {
+    return run_output[c.q.size() + std::size_t(dc::kStatQueries) * std::size_t(c.len)];
+  }
+};
+
+}  // namespace
+
 #if defined(_OPENMP)
 TEST_CASE("attention statistics over a long cache are identical for 1 and 2 threads") {
   // Past 4096 (KV head, slot) pairs the statistics fold runs in parallel; each slot must still be
   // accumulated by one thread in query order (also what the ThreadSanitizer run exercises).
-  const int len = 5000, n = 3;
-  const dc::AttentionShape s{4, 2, 8, 0, 1.0f / std::sqrt(8.0f), len};
-  std::vector<std::int32_t> key_pos(std::size_t(s.num_kv_heads) * len);  // [kv_heads, capacity]
-  for (std::size_t j = 0; j < key_pos.size(); ++j) key_pos[j] = std::int32_t(j % std::size_t(len));
-  const std::vector<std::int32_t> query_pos{len - 3, len - 2, len - 1};
-  const auto kc = random_vector(std::size_t(s.num_kv_heads) * len * s.head_dim, 7);
-  const auto vc = random_vector(kc.size(), 8);
-  const auto q = random_vector(std::size_t(n) * s.num_heads * s.head_dim, 9);
-  auto run = [&](int threads) {
-    return dc_test::with_threads(threads, [&] {
-      std::vector<float> out(q.size()), stats(std::size_t(dc::stat_block_floats(s.num_heads, s.num_kv_heads, len)), 0.0f);
-      dc::attention(dc::Context<dc::cpu>{}, out.data(), q.data(), kc.data(), vc.data(),
-                    key_pos.data(), len, query_pos.data(), n, s, dc::AttentionStats{stats.data(), 1});
-      out.insert(out.end(), stats.begin(), stats.end());
-      return out;
-    });
-  };
+  const StatisticsCase c(5000, 7);
+  auto run = [&](int threads) { return dc_test::with_threads(threads, [&] { return c.run(1); }); };
   const auto one = run(1);
   CHECK(one == run(2));
-  CHECK(one[q.size() + std::size_t(dc::kStatQueries) * len] == 2.0f);  // queries 1 and 2 observed
+  CHECK(StatisticsCase::queries_of_slot0(one, c) == 2.0f);  // queries 1 and 2 observed
 }
 #endif
 
 TEST_CASE("attention statistics: a negative first_observed observes every query, as on the GPU") {
-  const int len = 12, n = 3;
-  const dc::AttentionShape s{4, 2, 8, 0, 1.0f / std::sqrt(8.0f), len};
-  std::vector<std::int32_t> key_pos(std::size_t(s.num_kv_heads) * len);
-  for (std::size_t j = 0; j < key_pos.size(); ++j) key_pos[j] = std::int32_t(j % std::size_t(len));
-  const std::vector<std::int32_t> query_pos{len - 3, len - 2, len - 1};
-  const auto kc = random_vector(std::size_t(s.num_kv_heads) * len * s.head_dim, 17);
-  const auto vc = random_vector(kc.size(), 18);
-  const auto q = random_vector(std::size_t(n) * s.num_heads * s.head_dim, 19);
-  auto run = [&](int first_observed) {
-    std::vector<float> out(q.size()), stats(std::size_t(dc::stat_block_floats(s.num_heads, s.num_kv_heads, len)), 0.0f);
-    dc::attention(dc::Context<dc::cpu>{}, out.data(), q.data(), kc.data(), vc.data(), key_pos.data(),
-                  len, query_pos.data(), n, s, dc::AttentionStats{stats.data(), first_observed});
-    return stats;
-  };
-  const auto all = run(0);
-  CHECK(all == run(-5));
-  CHECK(all[std::size_t(dc::kStatQueries) * len] == 3.0f);  // slot 0 of KV head 0: all 3 queries
-  CHECK(run(n)[std::size_t(dc::kStatQueries) * len] == 0.0f);  // none observed
+  const StatisticsCase c(12, 17);
+  const auto all = c.run(0);
+  CHECK(all == c.run(-5));
+  CHECK(StatisticsCase::queries_of_slot0(all, c) == 3.0f);  // all 3 queries see slot 0
+  CHECK(StatisticsCase::queries_of_slot0(c.run(c.n), c) == 0.0f);  // none observed
 }
 
 TEST_CASE("bf16 and f16 conversions round to nearest even and keep specials") {

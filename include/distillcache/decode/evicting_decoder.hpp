@@ -93,7 +93,6 @@ class EvictingDecoder {
 
   // The logits of the latest prefill or step.
   std::span<const float> logits() const { return logits_; }
-  Transformer<B, W>& model() const { return model_; }
 
   // Chooses keep-sets with `selector` instead of the deterministic top-B (null: the top-B). The
   // selector must outlive the decoder's use of it.

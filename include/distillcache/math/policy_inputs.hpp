@@ -45,4 +45,13 @@ DC_HD float input_relative_entropy(float entropy, int group_rows) {
   return group_rows > 1 ? entropy / logf(static_cast<float>(group_rows)) : 0.0f;
 }
 
+// H2O's heavy-hitter score written in two of these inputs (the warm start that imitates H2O):
+// H2O ranks by the mass summed over the queries, alpha is its mean over the queries that see the
+// token, about latest - position of them with every prompt query observed, so
+//   log(sum) = log(alpha n) + log(1 - position) + a constant of the group.
+DC_HD float h2o_score_from_inputs(float alpha_input, float position_input) {
+  const float unseen = 1.0f - position_input;
+  return alpha_input + logf(unseen > kPolicyInputEps ? unseen : kPolicyInputEps);
+}
+
 }  // namespace dc::math
