@@ -41,6 +41,7 @@ LEVELS: dict[str, int] = {
     "decode": 7,
     "rl": 8,
     "eval": 8,
+    "eval/tasks": 8,  # RULER-style task generators (host-only text, no model)
 }
 # Files whose level differs from their folder's (paths relative to the root).
 FILE_LEVELS: dict[str, int] = {

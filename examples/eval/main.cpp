@@ -7,12 +7,22 @@
 //
 //   eval --model SmolLM2-135M-Instruct.Q4_1.gguf --text /usr/share/vim/vim90/doc
 //        --context 1024 --continuation 32 --budget 0.125,0.25,0.5 --policy streaming,h2o --csv out.csv
+//
+// With --task, accuracy on RULER-style tasks instead (eval/task_suite.hpp): every sample's
+// prompt is prefilled once, compressed for each student, answered greedily and scored; one row
+// per (task, length, policy, granularity, budget) with its accuracy, the full cache's, and the
+// ratio, with 95 % Wilson intervals (markdown on stdout, --csv, --answers for every answer).
+//
+//   eval --model SmolLM2-135M-Instruct.Q4_1.gguf --task niah_single_1,vt --lengths 1024,2048
+//        --samples 5 --policy full,h2o,snapkv,streaming --budget 0.25 --mode prefill
 #include <CLI/CLI.hpp>
 
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <iostream>
 #include <memory>
+#include <optional>
 #include <tuple>
 
 #include <distillcache/distillcache.hpp>
@@ -27,6 +37,109 @@ double parse_fraction(const std::string& s) {
   return *v;
 }
 
+// --task: the RULER-style suite. Every prompt is built (and so every task, length and input file
+// checked) before the first model call.
+template <class W>
+int run_tasks(dc::Transformer<dc::cpu, W>& model, const dc::Tokenizer& tokenizer, const dc::GgufFile& file,
+              const std::vector<std::string>& task_names, const std::vector<int>& lengths, int samples,
+              const std::vector<std::string>& policy_names, const std::vector<dc::EvictionPolicy*>& policies,
+              const std::vector<dc::Budget>& budgets, const std::vector<double>& fractions,
+              const std::vector<dc::Granularity>& granularities, dc::EvictionMode mode, dc::TaskProtocol protocol,
+              const std::string& chat_choice, const std::string& words_path, const std::string& haystack_path,
+              std::uint64_t seed, int batch, const std::string& csv_path, const std::string& answers_path) {
+  using namespace dc_examples;
+  namespace t = dc::tasks;
+  std::vector<const t::TaskSpec*> tasks;
+  bool needs_essay = false, needs_words = false;
+  for (const auto& name : task_names) {
+    tasks.push_back(&t::find_task(name));
+    needs_essay |= tasks.back()->kind == t::TaskKind::niah && tasks.back()->haystack == t::HaystackType::essay;
+    needs_words |= tasks.back()->kind == t::TaskKind::niah || tasks.back()->kind == t::TaskKind::common_words;
+  }
+  for (const int length : lengths)
+    DC_CHECK(length <= model.config().max_position, "--lengths: ", length, " exceeds the model's context of ",
+             model.config().max_position);
+  const t::ChatTemplate chat = t::ChatTemplate::from_choice(chat_choice, file);
+  std::optional<t::WordList> words;
+  std::optional<t::EssayText> essay;
+  if (needs_words) words = t::WordList::from_file(words_path);
+  if (needs_essay) essay = t::EssayText::from_path(haystack_path);
+  const t::TaskPromptBuilder builder(tokenizer, chat, {words ? &*words : nullptr, essay ? &*essay : nullptr}, seed);
+  // No progress line while building: a bad length must leave its error alone on stderr.
+  const auto built_from = std::chrono::steady_clock::now();
+  std::vector<t::TaskPrompt> prompts;
+  for (const auto* task : tasks)
+    for (const int length : lengths)
+      for (int s = 0; s < samples; ++s) prompts.push_back(builder.build(*task, length, s));
+  std::fprintf(stderr, "%zu prompts built in %.1f s (chat template: %s)\n", prompts.size(),
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - built_from).count(), chat.name());
+  if (!csv_path.empty()) check_writable(csv_path, "--csv");
+  if (!answers_path.empty()) check_writable(answers_path, "--answers");
+
+  dc::TaskSuite<dc::cpu, W> suite(model, tokenizer, policies, budgets, mode, granularities, protocol);
+  suite.set_max_batch(std::size_t(batch));
+  std::vector<std::string> ran_at;  // [policy][granularity]
+  for (auto* p : policies)
+    for (const auto g : granularities) ran_at.push_back(dc::granularity_name(p->granularity_for(g)));
+  std::ofstream answers;
+  if (!answers_path.empty()) {
+    answers.open(answers_path);
+    DC_CHECK(answers, "--answers: cannot write '", answers_path, "'");
+    answers << "task,length,sample,policy,granularity,budget,score,expected,output\n";
+  }
+  auto quoted = [](const std::string& s) {  // a CSV field: quotes doubled, line breaks kept
+    std::string q = "\"";
+    for (const char c : s) q += c == '"' ? std::string("\"\"") : std::string(1, c);
+    return q + "\"";
+  };
+  dc::TaskScores scores;
+  const auto start = std::chrono::steady_clock::now();
+  const std::size_t per_sample = suite.students();
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    const t::TaskPrompt& p = prompts[i];
+    const dc::TaskSampleResult r = suite.run(p, [&](std::size_t student) {
+      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      const std::size_t done = i * per_sample + student, total = prompts.size() * per_sample;
+      const double eta = done ? secs * double(total - done) / double(done) : 0.0;
+      const std::size_t pol = student / (granularities.size() * budgets.size());
+      std::fprintf(stderr, "\r[%s L=%d sample %d/%d] %-10s budget %-6g %6.0f s, ETA %6.0f s ", p.task.c_str(),
+                   p.length, p.sample + 1, samples, policy_names[pol].c_str(), fractions[student % budgets.size()],
+                   secs, eta);
+      std::fflush(stderr);
+    });
+    scores.add(p, r);
+    if (answers.is_open()) {
+      std::string expected;
+      for (const auto& a : p.answers) expected += (expected.empty() ? "" : " ") + a;
+      answers << p.task << ',' << p.length << ',' << p.sample << ",full cache,shared,1," << r.teacher_score << ','
+              << quoted(expected) << ',' << quoted(r.teacher_output) << '\n';
+      for (std::size_t s = 0; s < per_sample; ++s) {
+        const std::size_t pol = s / (granularities.size() * budgets.size());
+        const std::size_t g = s / budgets.size() % granularities.size();
+        answers << p.task << ',' << p.length << ',' << p.sample << ',' << policy_names[pol] << ','
+                << ran_at[pol * granularities.size() + g] << ',' << fractions[s % budgets.size()] << ','
+                << r.scores[s] << ',' << quoted(expected) << ',' << quoted(r.outputs[s]) << '\n';
+      }
+    }
+  }
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::fprintf(stderr, "\n%zu samples in %.0f s\n", prompts.size(), secs);
+  if (answers.is_open()) {
+    answers.close();
+    DC_CHECK(answers, "--answers: writing '", answers_path, "' failed");
+  }
+  const auto rows = dc::task_report(scores, policy_names, ran_at, fractions);
+  dc::write_task_markdown(std::cout, rows, protocol);
+  if (!csv_path.empty()) {
+    std::ofstream csv(csv_path);
+    DC_CHECK(csv, "--csv: cannot write '", csv_path, "'");
+    dc::write_task_csv(csv, rows, protocol);
+    csv.close();
+    DC_CHECK(csv, "--csv: writing '", csv_path, "' failed");
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -38,7 +151,7 @@ int main(int argc, char** argv) {
   int context = 1024, continuation = 32, max_contexts = 8, chunk = 16, sink = 0, recent = 0, batch = 16;
   std::uint64_t seed = 0;
   app.add_option("--model", model_path, "GGUF model file")->required();
-  app.add_option("--text", text_path, "a .txt file or a folder of them")->required();
+  app.add_option("--text", text_path, "a .txt file or a folder of them (not with --task)");
   app.add_option("--context", context, "prompt tokens L")->check(integer_in(1, 1 << 20));
   app.add_option("--continuation", continuation, "teacher-forced tokens T")->check(integer_in(1, 1 << 16));
   app.add_option("--budget", budgets_arg, "kept fractions of the prompt, e.g. 0.125,0.25,0.5")
@@ -64,7 +177,27 @@ int main(int argc, char** argv) {
                  "head (one per layer and KV head)");
   app.add_option("--dtype", dtype, "weight storage: f32 or bf16 (faster; teacher and students alike)")
       ->check(CLI::IsMember({"f32", "bf16"}));
+  std::string tasks_arg, lengths_arg = "1024", protocol_arg = "query-agnostic", chat_arg = "auto",
+              words_path = dc::tasks::WordList::kDefaultPath, haystack_path = dc::tasks::kDefaultEssayPath,
+              answers_path;
+  int samples = 10;
+  app.add_option("--task", tasks_arg, "RULER-style tasks instead of --text, comma-separated: niah_single_1..3, "
+                 "niah_multikey_1..3, niah_multivalue, niah_multiquery, vt, cwe, fwe");
+  app.add_option("--samples", samples, "--task: samples per task and length")->check(integer_in(1, 1 << 20));
+  app.add_option("--lengths", lengths_arg, "--task: prompt + answer lengths in tokens, e.g. 1024,2048,4096");
+  app.add_option("--protocol", protocol_arg, "--task: query-aware (the question is compressed with the context) or "
+                 "query-agnostic (compressed before the question arrives)")
+      ->check(CLI::IsMember({"query-aware", "query-agnostic"}));
+  app.add_option("--chat-template", chat_arg, "--task: auto (the model's tokenizer.chat_template), chatml or none")
+      ->check(CLI::IsMember({"auto", "chatml", "none"}));
+  app.add_option("--words", words_path, "--task: word list for keys and cwe (one word a line)");
+  app.add_option("--haystack", haystack_path, "--task: essay haystack text, a file or folder");
+  app.add_option("--answers", answers_path, "--task: write every sample's answers as CSV here");
   if (const auto status = parse_command_line(app, argc, argv, "eval")) return *status;
+  if (tasks_arg.empty() && text_path.empty()) {  // as CLI11 says it for a required option
+    print_error("eval", "--text is required (see --help)");
+    return exit_usage;
+  }
 
   return run_reporting_errors("eval", [&]() -> int {
     const auto policy_names = split_list(policies_arg);
@@ -103,6 +236,27 @@ int main(int argc, char** argv) {
     dc::GgufFile file(model_path);
     dc::HfModel m = dc::load_gguf_model(file);
     const dc::Tokenizer tokenizer(dc::tokenizer_data_from_gguf(file));
+    const auto mode = mode_arg == "prefill" ? dc::EvictionMode::prefill : dc::EvictionMode::decode;
+    if (!tasks_arg.empty()) {
+      const auto task_names = split_list(tasks_arg);
+      DC_CHECK(!task_names.empty(), "--task: no task given");
+      for (const auto& name : task_names) dc::tasks::find_task(name);  // unknown names fail before the weights load
+      std::vector<int> lengths;
+      for (const auto& s : split_list(lengths_arg)) {
+        const auto v = detail::to_integer(s);
+        DC_CHECK(v && *v > 0 && *v <= (1 << 20), "--lengths: '", s, "' is not a positive token count");
+        lengths.push_back(int(*v));
+      }
+      DC_CHECK(!lengths.empty(), "--lengths: no length given");
+      auto run = [&]<class W>(dc::Weights<dc::cpu, W> weights) -> int {
+        dc::Transformer<dc::cpu, W> model(m.config, std::move(weights), 64);
+        return run_tasks(model, tokenizer, file, task_names, lengths, samples, policy_names, policies, budgets,
+                         fractions, granularities, mode, dc::parse_protocol(protocol_arg), chat_arg, words_path,
+                         haystack_path, seed, batch, csv_path, answers_path);
+      };
+      if (dtype == "bf16") return run(dc::convert_host_weights<dc::bf16>(std::move(m.weights)));
+      return run(std::move(m.weights));
+    }
     DC_CHECK(context + continuation <= m.config.max_position, "--context + --continuation = ",
              context + continuation, " exceeds the model's context of ", m.config.max_position);
     const auto windows = dc::token_windows(tokenizer, text_path, context + continuation, max_contexts);
@@ -111,7 +265,6 @@ int main(int argc, char** argv) {
     // The teacher (full cache) and every student run on the same weights, f32 or bf16.
     auto run = [&]<class W>(dc::Weights<dc::cpu, W> weights) -> int {
       dc::Transformer<dc::cpu, W> model(m.config, std::move(weights), 64);
-      const auto mode = mode_arg == "prefill" ? dc::EvictionMode::prefill : dc::EvictionMode::decode;
       dc::FidelityEvaluator<dc::cpu, W> eval(model, policies, budgets, mode, granularities);
       eval.set_max_batch(std::size_t(batch));
       const auto start = std::chrono::steady_clock::now();

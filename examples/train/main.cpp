@@ -78,7 +78,8 @@ int main(int argc, char** argv) {
   app.add_option("--stop-after", stop_after, "stop (with a checkpoint) after this update; 0 = run all")->check(integer_in(0, 1 << 24));
   app.add_option("--init-target", init_target, "warm start: fit the scores to this combination of the "
                  "inputs before REINFORCE, e.g. alpha=2,position=8; the term h2o adds H2O's heavy-hitter score "
-                 "(needs alpha and position; 'none': no warm start)");
+                 "(needs alpha and position) and, with the input budget_age, H2O's recent half of the budget; "
+                 "'none': no warm start)");
   app.add_option("--init-contexts", init_contexts, "warm start: training windows whose features it fits")
       ->check(integer_in(1, 4096));
   app.add_option("--init-steps", init_steps, "warm start: Adam steps")->check(integer_in(0, 1 << 20));
@@ -203,10 +204,16 @@ int main(int argc, char** argv) {
         }
         const std::size_t alpha_at = h2o ? input_index(dc::PolicyInput::alpha, "h2o") : 0,
                           position_at = h2o ? input_index(dc::PolicyInput::position, "h2o") : 0;
+        // With budget_age among the inputs, "h2o" also means H2O's recent window (the newest half
+        // of the budget kept): a bonus that outranks every heavy-hitter score.
+        const auto age_at = std::find(policy.inputs().begin(), policy.inputs().end(), dc::PolicyInput::budget_age);
+        const bool h2o_recent = h2o && age_at != policy.inputs().end();
+        const std::size_t budget_age_at = std::size_t(age_at - policy.inputs().begin());
         const auto w = trainer.warm_start_to(init_contexts, [&](std::span<const float> row) {
           float t = 0.0f;
           for (std::size_t j = 0; j < row.size(); ++j) t += coefficients[j] * row[j];
           if (h2o) t += dc::math::h2o_score_from_inputs(row[alpha_at], row[position_at]);
+          if (h2o_recent && dc::math::h2o_recent_from_input(row[budget_age_at])) t += dc::math::kH2ORecentBonus;
           return t;
         }, init_steps, 1e-2f);
         std::fprintf(stderr, "train: warm start (%s) on %lld rows: MSE %.4f -> %.4f\n", init_target.c_str(),

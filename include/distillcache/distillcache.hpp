@@ -30,6 +30,7 @@
 #include "policy/select.hpp"
 #include "eval/corpus.hpp"
 #include "eval/fidelity.hpp"
+#include "eval/task_suite.hpp"
 #include "io/policy_checkpoint.hpp"
 #include "policy/mlp_policy.hpp"
 #include "policy/policy_inputs.hpp"

@@ -461,6 +461,33 @@ std::vector<BadInput> bad_inputs(const dc_test::TempDir& tmp) {
     dc::FidelityEvaluator<dc::cpu, float> e(model, {h2o.get()}, {half}, dc::EvictionMode::decode);
     e.add_context(prompt(8), std::vector<std::int32_t>{}, [](std::size_t) {});
   }, "empty prompt or continuation");
+  add("tasks::find_task", "unknown task name", [&] { dc::tasks::find_task("niah_single_9"); },
+      "unknown task 'niah_single_9' (known: niah_single_1, niah_single_2");
+  add("tasks::TaskPromptBuilder::build", "length too short for the task", [&] {
+    std::vector<std::string> words;
+    for (char a = 'a'; a <= 'd'; ++a)
+      for (char b = 'a'; b <= 'e'; ++b) words.push_back(std::string("wor") + a + b);
+    const auto list = dc::tasks::WordList::from_words(words);
+    dc::TokenizerData bytes;  // one token per byte
+    bytes.model = "gpt2";
+    for (int c = 0; c < 256; ++c) {
+      std::string s;
+      dc::detail::tok::append_utf8(s, dc::detail::tok::byte_to_cp()[std::size_t(c)]);
+      bytes.tokens.push_back(s);
+    }
+    const dc::Tokenizer tok(bytes);
+    dc::tasks::TaskPromptBuilder(tok, {}, {&list, nullptr}, 0).build(dc::tasks::find_task("niah_single_1"), 300, 0);
+  }, "length 300 is too short for task niah_single_1");
+  add("tasks::WordList::from_words", "too few usable words", [&] {
+    dc::tasks::WordList::from_words({"apple", "Berlin", "it's"});
+  }, "word list: 1 usable words (lowercase a-z, 3 to 12 letters); the tasks need at least 16");
+  add("tasks::ChatTemplate::from_jinja", "a template that is not ChatML", [&] {
+    dc::tasks::ChatTemplate::from_jinja("[INST] {{ messages[0]['content'] }} [/INST]");
+  }, "chat template not supported: only ChatML");
+  add("parse_protocol", "unknown protocol", [&] { dc::parse_protocol("aware"); },
+      "unknown protocol 'aware' (known: query-aware, query-agnostic)");
+  add("wilson_interval", "more successes than trials", [&] { dc::wilson_interval(3, 2); },
+      "wilson_interval: 3 successes of 2 trials");
 
   add("Transformer::forward_batch", "fewer tokens than caches", [&] {
     auto a = model.make_cache(4), b = model.make_cache(4);
@@ -477,6 +504,11 @@ std::vector<BadInput> bad_inputs(const dc_test::TempDir& tmp) {
   add("MlpPolicy::set_recent_fraction", "fraction 1", [&] {
     dc::MlpPolicy::initialised(dc::paper_policy_inputs(), {4}, 1).set_recent_fraction(1.0);
   }, "mlp policy: recent_fraction 1 outside [0, 1)");
+  add("policy_inputs", "budget_age at a budget of 0", [&] {
+    dc::TokenFeatures f;
+    const std::vector<dc::PolicyInput> age = {dc::PolicyInput::budget_age};
+    dc::policy_inputs(f, age, 0);
+  }, "policy_inputs: budget_age needs a budget of at least 1 row, got 0");
 
   // ---- policy checkpoints -------------------------------------------------------------------
   add("load_policy_checkpoint", "not a checkpoint (a config.json)",

@@ -380,7 +380,7 @@ TEST_CASE("block layouts: nibble order, zero points and scales from hand-made bl
     Bytes b(34, 0);
     CHECK_THROWS_WITH_AS(dc::dequantize(8, b.data(), out, 31), doctest::Contains("whole number of Q8_0 blocks"),
                          dc::Error);
-    CHECK_THROWS_WITH_AS(dc::dequantize(12, b.data(), out, 256), doctest::Contains("cannot dequantize Q4_K"),
+    CHECK_THROWS_WITH_AS(dc::dequantize(10, b.data(), out, 256), doctest::Contains("cannot dequantize Q2_K"),
                          dc::Error);
     CHECK_THROWS_WITH_AS(dc::dequantize(999, b.data(), out, 1), doctest::Contains("unknown type 999"), dc::Error);
   }
@@ -573,12 +573,12 @@ TEST_CASE("model loader errors name the tensor or metadata key") {
   expect(tiny_model(s, "", "blk.0.attn_q.weight"),
          "tensor 'blk.0.attn_q.weight': shape [64, 96] (ne [96, 64]), expected [64, 64]");
   {
-    // Right shape, undecodable type: ffn_down [d, ff] = ne [256, 64] as Q4_K (one block a row).
+    // Right shape, undecodable type: ffn_down [d, ff] = ne [256, 64] as Q2_K (one block a row).
     TinySpec t = s;
     t.ff = 256;
     GgufBuilder g = tiny_model(t, "blk.0.ffn_down.weight");
-    g.tensor("blk.0.ffn_down.weight", {256, 64}, 12, Bytes(64 * 144, 0));
-    expect(g, "tensor 'blk.0.ffn_down.weight': type Q4_K is not supported");
+    g.tensor("blk.0.ffn_down.weight", {256, 64}, 10, Bytes(64 * 84, 0));
+    expect(g, "tensor 'blk.0.ffn_down.weight': type Q2_K is not supported");
   }
   {
     GgufBuilder g = tiny_model(s);
@@ -821,10 +821,10 @@ TEST_CASE("hostile headers raise dc::Error naming the problem") {
   }
   SUBCASE("a known but undecodable tensor type opens, and read_tensor names it") {
     GgufBuilder g;
-    g.tensor("k", {256}, 12, Bytes(144, 0));  // one Q4_K block
-    const dc::GgufFile f(write_file(dir, "q4k.gguf", g.build()));
-    CHECK(f.tensor("k").nbytes == 144);
-    CHECK_THROWS_WITH_AS(f.read_tensor("k"), doctest::Contains("tensor 'k': type Q4_K cannot be dequantized"),
+    g.tensor("k", {256}, 10, Bytes(84, 0));  // one Q2_K block
+    const dc::GgufFile f(write_file(dir, "q2k.gguf", g.build()));
+    CHECK(f.tensor("k").nbytes == 84);
+    CHECK_THROWS_WITH_AS(f.read_tensor("k"), doctest::Contains("tensor 'k': type Q2_K cannot be dequantized"),
                          dc::Error);
     CHECK_THROWS_WITH_AS(f.read_tensor("nope"), doctest::Contains("tensor 'nope' missing"), dc::Error);
   }

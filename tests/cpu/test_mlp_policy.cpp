@@ -167,9 +167,10 @@ TEST_CASE("scale-free inputs: a uniform attention reads the same at n and 2n tok
   };
   const std::vector<dc::PolicyInput> all = {dc::PolicyInput::alpha, dc::PolicyInput::value_norm,
                                             dc::PolicyInput::head_variance, dc::PolicyInput::entropy,
-                                            dc::PolicyInput::position, dc::PolicyInput::last_alpha};
-  const auto small = dc::policy_inputs(features(300, 3.0f), all);
-  const auto large = dc::policy_inputs(features(600, 30.0f), all);
+                                            dc::PolicyInput::position, dc::PolicyInput::last_alpha,
+                                            dc::PolicyInput::budget_age};
+  const auto small = dc::policy_inputs(features(300, 3.0f), all, 60);
+  const auto large = dc::policy_inputs(features(600, 30.0f), all, 120);
   // Row i of the short context and row 2i of the long one: same relative place, same inputs.
   for (int i = 0; i < 300; i += 3)
     for (std::size_t j = 0; j < all.size(); ++j) {
@@ -179,6 +180,41 @@ TEST_CASE("scale-free inputs: a uniform attention reads the same at n and 2n tok
     }
   // Uniform mass reads as 0 (log of 1 + eps), the raw alpha does not.
   CHECK(std::abs(small[0]) < 2e-3f);
+}
+
+TEST_CASE("budget_age: the token's age in budgets; H2O's recent half is the same rows at every budget") {
+  for (int n : {200, 1000}) {
+    dc::TokenFeatures f;
+    f.size = n;
+    f.latest_position = n + 6;  // positions need not start at 0 (an already evicted cache)
+    f.groups.push_back({0, 1, 0, 1, 0, n});
+    for (int i = 0; i < n; ++i) {
+      f.x.insert(f.x.end(), dc::kNumFeatures, 0.5f);
+      f.group.push_back(0);
+      f.slot.push_back(i);
+      f.position.push_back(i + 7);
+      f.accumulated_mass.push_back(1.0f);
+      f.last_query_mass.push_back(1.0f);
+      f.key_norm.push_back(1.0f);
+      f.expected_attention.push_back(0.0f);
+    }
+    f.validate();
+    const std::vector<dc::PolicyInput> age = {dc::PolicyInput::budget_age};
+    for (int budget : {2, 64, 100, n}) {
+      CAPTURE(n);
+      CAPTURE(budget);
+      const auto x = dc::policy_inputs(f, age, budget);
+      // The newest row (age 0) reads log(1 / B); the row B - 1 older reads log(1) = 0.
+      CHECK(x[std::size_t(n - 1)] == doctest::Approx(std::log(1.0 / budget)));
+      CHECK(std::abs(x[std::size_t(n - budget)]) < 1e-6f);
+      int recent = 0;
+      for (float v : x) recent += dc::math::h2o_recent_from_input(v);
+      CHECK(recent == budget / 2);
+      // Older rows read larger ages.
+      for (int i = 1; i < n; ++i) CHECK(x[std::size_t(i - 1)] > x[std::size_t(i)]);
+    }
+    CHECK_THROWS_WITH_AS(dc::policy_inputs(f, age, 0), doctest::Contains("budget_age needs a budget"), dc::Error);
+  }
 }
 
 TEST_CASE("MlpPolicy scores rows with its MLP and rejects an inconsistent construction") {

@@ -265,6 +265,21 @@ bad "--granularity empty list"            eval 1 "--granularity"         -- "${E
 bad "--seed negative"                     eval 2 "--seed"                -- "${E[@]}" --seed -1
 bad "--csv in a missing folder"           eval 1 "--csv"                 -- "${E[@]}" --csv /nonexistent/x.csv
 bad "--csv is a folder"                   eval 1 "--csv"                 -- "${E[@]}" --csv tiny_mistral
+# eval --task (RULER-style tasks, eval/task_suite.hpp)
+K=(--model "$tiny_gguf" --task niah_single_1)
+bad "--task unknown"                      eval 1 "unknown task"          -- --model "$tiny_gguf" --task niah_single_9
+bad "--task empty list"                   eval 1 "no task"               -- --model "$tiny_gguf" --task ,
+bad "--samples 0"                         eval 2 "--samples"             -- "${K[@]}" --samples 0
+bad "--lengths not a number"              eval 1 "--lengths"             -- "${K[@]}" --lengths 1k
+bad "--lengths past the model's"          eval 1 "context of 256"        -- "${K[@]}" --lengths 1024
+bad "--protocol bogus"                    eval 2 "--protocol"            -- "${K[@]}" --protocol both
+bad "--chat-template bogus"               eval 2 "--chat-template"       -- "${K[@]}" --chat-template jinja
+bad "--task, model without chat template" eval 1 "chat_template"         -- "${K[@]}" --lengths 200
+if needs_model "eval --task: SmolLM2 cases"; then
+  bad "--lengths too short for the task (SmolLM2)" eval 1 "too short for task" -- --model "$model" --task niah_single_1 --lengths 200
+  bad "--words missing (SmolLM2)"         eval 1 "cannot be read"        -- --model "$model" --task niah_single_1 --words none.txt
+  bad "--haystack missing (SmolLM2)"      eval 1 "does not exist"        -- --model "$model" --task niah_single_2 --haystack none
+fi
 
 # ---- train and infer -----------------------------------------------------------------------
 T=(--model "$tiny_gguf" --out "run")

@@ -1,5 +1,6 @@
 #pragma once
-// Small CPU ops of the forward pass: embedding gather, SwiGLU, softmax rows.
+// Small CPU ops of the forward pass: embedding gather, SwiGLU / GeGLU, scale, residual add,
+// soft-capping, softmax rows.
 #include <cmath>
 #include <cstdint>
 
@@ -25,6 +26,28 @@ void embedding(const Context<cpu>&, float* out, const std::int32_t* tokens, int 
 inline void swiglu(const Context<cpu>&, float* gate, const float* up, std::int64_t count) {
 DC_OMP(parallel for schedule(static) if (count > 65536))
   for (std::int64_t i = 0; i < count; ++i) gate[i] = math::swiglu(gate[i], up[i]);
+}
+
+// gate[i] = gelu_tanh(gate[i]) * up[i] for i < count (Gemma's GeGLU).
+inline void geglu(const Context<cpu>&, float* gate, const float* up, std::int64_t count) {
+DC_OMP(parallel for schedule(static) if (count > 65536))
+  for (std::int64_t i = 0; i < count; ++i) gate[i] = math::geglu(gate[i], up[i]);
+}
+
+// x[i] *= s for i < count (Gemma's embedding scale).
+inline void scale_values(const Context<cpu>&, float* x, float s, std::int64_t count) {
+  for (std::int64_t i = 0; i < count; ++i) x[i] *= s;
+}
+
+// x[i] += y[i] for i < count (the residual add after Gemma's output norms).
+inline void add_residual(const Context<cpu>&, float* x, const float* y, std::int64_t count) {
+  for (std::int64_t i = 0; i < count; ++i) x[i] += y[i];
+}
+
+// x[i] = cap * tanh(x[i] / cap) for i < count (final-logit soft-capping).
+inline void softcap(const Context<cpu>&, float* x, float cap, std::int64_t count) {
+DC_OMP(parallel for schedule(static) if (count > 65536))
+  for (std::int64_t i = 0; i < count; ++i) x[i] = math::softcap(x[i], cap);
 }
 
 // y[n, cols] = softmax(x[n, cols]) along each row. y may alias x.

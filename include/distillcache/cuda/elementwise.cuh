@@ -1,5 +1,6 @@
 #pragma once
-// CUDA embedding gather, SwiGLU and row softmax (mirrors cpu/elementwise.hpp).
+// CUDA embedding gather, SwiGLU / GeGLU, scale, residual add, soft-capping and row softmax
+// (mirrors cpu/elementwise.hpp).
 #include <cstdint>
 #include <type_traits>
 
@@ -30,6 +31,40 @@ __global__ void swiglu_kernel(float* gate, const float* up, std::int64_t count) 
   const std::int64_t stride = std::int64_t(gridDim.x) * blockDim.x;
   for (std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride)
     gate[i] = math::swiglu(gate[i], up[i]);
+}
+
+// The pointwise ops of Gemma (math/activation.hpp), grid-stride loops like swiglu_kernel.
+template <int = 0>
+__global__ void geglu_kernel(float* gate, const float* up, std::int64_t count) {
+  const std::int64_t stride = std::int64_t(gridDim.x) * blockDim.x;
+  for (std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride)
+    gate[i] = math::geglu(gate[i], up[i]);
+}
+
+template <int = 0>
+__global__ void scale_kernel(float* x, float s, std::int64_t count) {
+  const std::int64_t stride = std::int64_t(gridDim.x) * blockDim.x;
+  for (std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride)
+    x[i] *= s;
+}
+
+template <int = 0>
+__global__ void add_kernel(float* x, const float* y, std::int64_t count) {
+  const std::int64_t stride = std::int64_t(gridDim.x) * blockDim.x;
+  for (std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride)
+    x[i] += y[i];
+}
+
+template <int = 0>
+__global__ void softcap_kernel(float* x, float cap, std::int64_t count) {
+  const std::int64_t stride = std::int64_t(gridDim.x) * blockDim.x;
+  for (std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride)
+    x[i] = math::softcap(x[i], cap);
+}
+
+// Launch shape of the pointwise kernels above.
+inline unsigned pointwise_blocks(const Context<cuda>& ctx, std::int64_t count, int threads) {
+  return grid_for(count, threads, 16 * ctx.sm_count());
 }
 
 // One block per row: max, then sum of exponentials, then scale — the CPU oracle's three passes.
@@ -83,6 +118,42 @@ inline void swiglu(const Context<cuda>& ctx, float* gate, const float* up, std::
   const unsigned blocks = cuda_detail::grid_for(count, kThreads, 16 * ctx.sm_count());
   cuda_detail::swiglu_kernel<><<<blocks, kThreads, 0, ctx.stream()>>>(gate, up, count);
   DC_CUDA_CHECK_LAUNCH("swiglu_kernel");
+}
+
+// gate[i] = gelu_tanh(gate[i]) * up[i] for i < count (Gemma's GeGLU).
+inline void geglu(const Context<cuda>& ctx, float* gate, const float* up, std::int64_t count) {
+  if (count <= 0) return;
+  constexpr int kThreads = 256;
+  cuda_detail::geglu_kernel<><<<cuda_detail::pointwise_blocks(ctx, count, kThreads), kThreads, 0,
+                                 ctx.stream()>>>(gate, up, count);
+  DC_CUDA_CHECK_LAUNCH("geglu_kernel");
+}
+
+// x[i] *= s for i < count (Gemma's embedding scale).
+inline void scale_values(const Context<cuda>& ctx, float* x, float s, std::int64_t count) {
+  if (count <= 0) return;
+  constexpr int kThreads = 256;
+  cuda_detail::scale_kernel<><<<cuda_detail::pointwise_blocks(ctx, count, kThreads), kThreads, 0,
+                                 ctx.stream()>>>(x, s, count);
+  DC_CUDA_CHECK_LAUNCH("scale_kernel");
+}
+
+// x[i] += y[i] for i < count (the residual add after Gemma's output norms).
+inline void add_residual(const Context<cuda>& ctx, float* x, const float* y, std::int64_t count) {
+  if (count <= 0) return;
+  constexpr int kThreads = 256;
+  cuda_detail::add_kernel<><<<cuda_detail::pointwise_blocks(ctx, count, kThreads), kThreads, 0,
+                               ctx.stream()>>>(x, y, count);
+  DC_CUDA_CHECK_LAUNCH("add_kernel");
+}
+
+// x[i] = cap * tanh(x[i] / cap) for i < count (final-logit soft-capping).
+inline void softcap(const Context<cuda>& ctx, float* x, float cap, std::int64_t count) {
+  if (count <= 0) return;
+  constexpr int kThreads = 256;
+  cuda_detail::softcap_kernel<><<<cuda_detail::pointwise_blocks(ctx, count, kThreads), kThreads, 0,
+                                   ctx.stream()>>>(x, cap, count);
+  DC_CUDA_CHECK_LAUNCH("softcap_kernel");
 }
 
 // y[n, cols] = softmax(x[n, cols]) along each row. y may alias x.

@@ -2,6 +2,7 @@
 // Fidelity of an evicted cache to the full cache, step by step: KL(full || evicted) in nats,
 // agreement of the argmax tokens, and the negative log-likelihood of the true next token under
 // both, from which the perplexity ratio follows.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <span>
@@ -71,5 +72,21 @@ struct FidelityTotals {
     return steps ? std::exp((nll_evicted_sum - nll_full_sum) / double(steps)) : 1.0;
   }
 };
+
+// The 95 % Wilson score interval of a proportion: `successes` of `trials` (successes may be
+// fractional, e.g. a sum of per-sample partial scores). Unlike p +- z sqrt(p(1-p)/n) it stays
+// inside [0, 1] and is not empty at 0 or n successes, which matters for the handful of samples
+// a task evaluation runs.
+struct Interval {
+  double lo = 0.0, hi = 1.0;
+};
+inline Interval wilson_interval(double successes, double trials, double z = 1.959963984540054) {
+  DC_CHECK(trials > 0.0 && successes >= 0.0 && successes <= trials, "wilson_interval: ", successes,
+           " successes of ", trials, " trials");
+  const double p = successes / trials, z2n = z * z / trials;
+  const double centre = (p + z2n / 2.0) / (1.0 + z2n);
+  const double half = z / (1.0 + z2n) * std::sqrt(p * (1.0 - p) / trials + z2n / (4.0 * trials));
+  return {std::max(0.0, centre - half), std::min(1.0, centre + half)};
+}
 
 }  // namespace dc

@@ -8,7 +8,9 @@
 //   Q8_0  fp16 d, int8 q[32]                    x[i] = q[i] * d
 //   Q4_0  fp16 d, u8 qs[16]                      x[i] = (nibble_i - 8) * d
 //   Q4_1  fp16 d, fp16 m, u8 qs[16]              x[i] = nibble_i * d + m
-// where byte j of qs holds element j in its low nibble and element j + 16 in its high nibble.
+//   Q5_0  fp16 d, u32 qh, u8 qs[16]              x[i] = ((nibble_i | (bit i of qh) << 4) - 16) * d
+// where byte j of qs holds element j in its low nibble and element j + 16 in its high nibble;
+// and the k-quants Q4_K and Q6_K (256-element super-blocks), in gguf_kquants.hpp.
 // The arithmetic is fp32 in the same order as gguf.quants.dequantize, so results are bitwise
 // equal to the reference (Q4_1 may differ by one rounding where the compiler fuses the
 // multiply-add). The loops are serial on purpose: decoding is memory-bound (SmolLM2's 135M
@@ -23,6 +25,8 @@
 #include "../core/config.hpp"
 #include "../core/dtype.hpp"
 #include "../core/error.hpp"
+#include "detail/ggml_f16.hpp"
+#include "gguf_kquants.hpp"
 
 namespace dc {
 
@@ -78,15 +82,15 @@ inline constexpr std::array<GgmlTypeTraits, 32> kGgmlTypes{{
     {1, "F16", 1, 2, true},
     {2, "Q4_0", kQK, 2 + 16, true},
     {3, "Q4_1", kQK, 2 + 2 + 16, true},
-    {6, "Q5_0", kQK, 2 + 4 + 16, false},
+    {6, "Q5_0", kQK, 2 + 4 + 16, true},
     {7, "Q5_1", kQK, 2 + 2 + 4 + 16, false},
     {8, "Q8_0", kQK, 2 + 32, true},
     {9, "Q8_1", kQK, 4 + 4 + 32, false},
     {10, "Q2_K", kQKK, 2 + 2 + kQKK / 16 + kQKK / 4, false},
     {11, "Q3_K", kQKK, 2 + kQKK / 4 + kQKK / 8 + 12, false},
-    {12, "Q4_K", kQKK, 2 + 2 + kQKK / 2 + 12, false},
+    {12, "Q4_K", kQKK, 2 + 2 + kQKK / 2 + 12, true},
     {13, "Q5_K", kQKK, 2 + 2 + kQKK / 2 + kQKK / 8 + 12, false},
-    {14, "Q6_K", kQKK, 2 + kQKK / 2 + kQKK / 4 + kQKK / 16, false},
+    {14, "Q6_K", kQKK, 2 + kQKK / 2 + kQKK / 4 + kQKK / 16, true},
     {15, "Q8_K", kQKK, 4 + kQKK + kQKK / 8, false},
     {16, "IQ2_XXS", kQKK, 2 + kQKK / 4, false},
     {17, "IQ2_XS", kQKK, 2 + kQKK / 4 + kQKK / 32, false},
@@ -107,12 +111,6 @@ inline constexpr std::array<GgmlTypeTraits, 32> kGgmlTypes{{
     {35, "TQ2_0", kQKK, 2 + 64, false},
     {39, "MXFP4", kQK, 1 + 16, false},
 }};
-
-inline float load_f16(const std::uint8_t* p) {
-  std::uint16_t bits;
-  std::memcpy(&bits, p, 2);
-  return to_float(f16{bits});
-}
 }  // namespace detail
 
 // Traits of a ggml type id, or nullptr for an id this library does not know.
@@ -133,7 +131,8 @@ inline bool ggml_can_dequantize(std::uint32_t id) {
   return t && t->dequantizable;
 }
 
-inline constexpr std::string_view kGgmlDequantizableTypes = "F32, F16, BF16, Q8_0, Q4_0, Q4_1";
+inline constexpr std::string_view kGgmlDequantizableTypes =
+    "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q6_K";
 
 // ---- one block each ---------------------------------------------------------------------------
 
@@ -159,6 +158,19 @@ inline void dequantize_block_q4_1(const std::uint8_t* block, float* DC_RESTRICT 
   for (int j = 0; j < 16; ++j) {
     out[j] = static_cast<float>(qs[j] & 0x0f) * d + m;
     out[j + 16] = static_cast<float>(qs[j] >> 4) * d + m;
+  }
+}
+
+inline void dequantize_block_q5_0(const std::uint8_t* block, float* DC_RESTRICT out) {
+  const float d = detail::load_f16(block);
+  std::uint32_t qh;  // bit i: the fifth (high) bit of element i
+  std::memcpy(&qh, block + 2, 4);
+  const std::uint8_t* qs = block + 6;
+  for (int j = 0; j < 16; ++j) {
+    const int low = static_cast<int>((qs[j] & 0x0f) | (((qh >> j) & 1u) << 4));
+    const int high = static_cast<int>((qs[j] >> 4) | (((qh >> (j + 16)) & 1u) << 4));
+    out[j] = static_cast<float>(low - 16) * d;
+    out[j + 16] = static_cast<float>(high - 16) * d;
   }
 }
 
@@ -203,6 +215,15 @@ inline void dequantize(std::uint32_t id, const void* src, float* dst, std::int64
       return;
     case GgmlType::q4_1:
       for (std::int64_t b = 0; b < blocks; ++b) dequantize_block_q4_1(bytes + b * 20, dst + b * 32);
+      return;
+    case GgmlType::q5_0:
+      for (std::int64_t b = 0; b < blocks; ++b) dequantize_block_q5_0(bytes + b * 22, dst + b * 32);
+      return;
+    case GgmlType::q4_k:
+      for (std::int64_t b = 0; b < blocks; ++b) dequantize_block_q4_k(bytes + b * 144, dst + b * 256);
+      return;
+    case GgmlType::q6_k:
+      for (std::int64_t b = 0; b < blocks; ++b) dequantize_block_q6_k(bytes + b * 210, dst + b * 256);
       return;
     default:
       DC_FAIL("ggml dequantize: ", t.name, " is not implemented");  // unreachable: checked above

@@ -1,13 +1,21 @@
 #pragma once
-// Llama/Mistral models from GGUF files (as written by llama.cpp's convert_hf_to_gguf.py, which
-// stores Mistral under the "llama" architecture): metadata -> dc::ModelConfig, tensors -> fp32
-// host weights.
+// Llama/Mistral/Gemma 3 models from GGUF files (as written by llama.cpp's convert_hf_to_gguf.py,
+// which stores Mistral under the "llama" architecture): metadata -> dc::ModelConfig, tensors ->
+// fp32 host weights.
 //
 // RoPE convention: llama.cpp rotates adjacent pairs (2i, 2i+1), so its converter permutes the
 // rows of every Q and K head of a Hugging Face checkpoint (LlamaModel.permute). Our forward pass
 // rotates halves (i, i + head_dim/2), like Hugging Face, so the loader undoes that permutation:
 // within each head, output row r takes stored row math::rope_unpermute_source(r, head_dim).
 // tests/cpu/test_gguf.cpp proves the direction end to end against Hugging Face logits.
+// Gemma 3 is the exception: llama.cpp runs it with rotate-half ("NEOX") RoPE, so its converter
+// leaves Q and K as they are, and so does this loader.
+//
+// Gemma norms: the converter writes every "*norm.weight" of a Gemma checkpoint as 1 + w (the
+// multiplier; llama.cpp then applies a plain RMSNorm). That is what our weights hold
+// (model/weights.hpp), so this path takes the stored values as they are, whereas the safetensors
+// path (io/hf_checkpoint.hpp) adds the 1 itself. Hugging Face's GGUF reader subtracts the 1
+// again for its (1 + w) norms; tests/cpu/test_gemma_real.cpp checks the result against it.
 #include <climits>
 #include <cmath>
 #include <cstring>
@@ -43,15 +51,20 @@ inline float gguf_float32(const GgufFile& f, const std::string& key) {
   return static_cast<float>(v);
 }
 
-// The llama.cpp name of a weight that for_each_weight names the Hugging Face way.
-inline std::string gguf_tensor_name(const std::string& hf) {
+// The llama.cpp name of a weight that for_each_weight names the Hugging Face way. With sandwich
+// norms (Gemma) HF's post_attention_layernorm norms the attention output, and its pre-FFN norm is
+// pre_feedforward_layernorm; llama.cpp's ffn_norm is the pre-FFN norm in both.
+inline std::string gguf_tensor_name(const std::string& hf, bool sandwich_norms = false) {
   static const std::pair<const char*, const char*> kLayer[] = {
       {"input_layernorm.weight", "attn_norm.weight"},
       {"self_attn.q_proj.weight", "attn_q.weight"},
       {"self_attn.k_proj.weight", "attn_k.weight"},
       {"self_attn.v_proj.weight", "attn_v.weight"},
       {"self_attn.o_proj.weight", "attn_output.weight"},
-      {"post_attention_layernorm.weight", "ffn_norm.weight"},
+      {"self_attn.q_norm.weight", "attn_q_norm.weight"},
+      {"self_attn.k_norm.weight", "attn_k_norm.weight"},
+      {"pre_feedforward_layernorm.weight", "ffn_norm.weight"},
+      {"post_feedforward_layernorm.weight", "post_ffw_norm.weight"},
       {"mlp.gate_proj.weight", "ffn_gate.weight"},
       {"mlp.up_proj.weight", "ffn_up.weight"},
       {"mlp.down_proj.weight", "ffn_down.weight"},
@@ -64,6 +77,8 @@ inline std::string gguf_tensor_name(const std::string& hf) {
     const std::size_t dot = hf.find('.', prefix.size());
     const std::string layer = hf.substr(prefix.size(), dot - prefix.size());
     const std::string rest = hf.substr(dot + 1);
+    if (rest == "post_attention_layernorm.weight")
+      return "blk." + layer + (sandwich_norms ? ".post_attention_norm.weight" : ".ffn_norm.weight");
     for (const auto& [from, to] : kLayer)
       if (rest == from) return "blk." + layer + "." + to;
   }
@@ -87,12 +102,37 @@ inline void gguf_unpermute_rope_rows(Tensor<float, cpu>& w, int heads, int head_
   }
 }
 
+// Gemma 3's switches. llama.cpp (src/llama-model.cpp, LLM_ARCH_GEMMA3) fixes what older GGUFs
+// do not store, and so do we: every 6th layer global, local RoPE base 1e4, attention scale
+// 1/sqrt(head_dim) except for the 62-layer 27B model (1/sqrt(hidden / heads)); the keys a newer
+// converter writes take precedence.
+inline void gguf_gemma3_switches(const GgufFile& f, const std::string& p, ModelConfig& c) {
+  c.activation = ModelConfig::Activation::gelu_tanh;
+  c.scale_embeddings = c.sandwich_norms = c.qk_norm = true;
+  const int pattern = f.has(p + "attention.sliding_window_pattern")
+                          ? gguf_int(f, p + "attention.sliding_window_pattern", 1)
+                          : 6;
+  // The per-layer list is sized by block_count: bound it by what the file can back first, as
+  // load_gguf_model does for the weights (fuzz/README.md).
+  DC_CHECK(std::uint64_t(c.num_layers) <= f.tensors().size(), f.where(), "metadata key '", p,
+           "block_count' = ", c.num_layers, " but the file has only ", f.tensors().size(), " tensors");
+  c.sliding_layers.clear();
+  for (int l = 0; l < c.num_layers; ++l) c.sliding_layers.push_back((l + 1) % pattern != 0);
+  c.rope_theta_local = f.has(p + "rope.freq_base_swa") ? gguf_float32(f, p + "rope.freq_base_swa") : 10000.0f;
+  c.query_pre_attn_scalar = c.num_layers == 62 ? float(c.hidden_size / c.num_heads) : float(c.head_dim);
+  if (f.has(p + "final_logit_softcapping"))
+    c.final_logit_softcap = gguf_float32(f, p + "final_logit_softcapping");
+  if (f.has(p + "attn_logit_softcapping"))
+    DC_CHECK(gguf_float32(f, p + "attn_logit_softcapping") == 0.0f, f.where(), "metadata key '", p,
+             "attn_logit_softcapping' is set: attention soft-capping is not implemented");
+}
+
 }  // namespace detail
 
 inline ModelConfig gguf_model_config(const GgufFile& f) {
   const std::string arch = f.get_string("general.architecture");
-  DC_CHECK(arch == "llama" || arch == "mistral", f.where(), "architecture '", arch,
-           "' is not supported (only 'llama' and 'mistral')");
+  DC_CHECK(arch == "llama" || arch == "mistral" || arch == "gemma3", f.where(), "architecture '", arch,
+           "' is not supported (only 'llama', 'mistral' and 'gemma3')");
   const std::string p = arch + ".";
   using detail::gguf_int;
 
@@ -160,6 +200,7 @@ inline ModelConfig gguf_model_config(const GgufFile& f) {
     c.vocab_size = static_cast<int>(embd->ne[1]);
   }
   c.tie_embeddings = f.find_tensor("output.weight") == nullptr;
+  if (arch == "gemma3") detail::gguf_gemma3_switches(f, p, c);
 
   try {
     c.validate();
@@ -185,13 +226,14 @@ inline HfModel load_gguf_model(const GgufFile& f) {
 
   // for_each_weight sizes the layer list before it asks for a layer's tensors, so a block_count
   // the file cannot back would allocate without bound (see fuzz/README.md).
-  DC_CHECK(std::uint64_t(c.num_layers) <= f.tensors().size() / detail::kTensorsPerLayer,
-           f.where(), "metadata key '", c.architecture, ".block_count' = ", c.num_layers,
-           " but the file has only ", f.tensors().size(), " tensors (", detail::kTensorsPerLayer,
-           " per layer)");
+  const std::size_t per_layer = detail::tensors_per_layer(c);
+  DC_CHECK(std::uint64_t(c.num_layers) <= f.tensors().size() / per_layer, f.where(),
+           "metadata key '", c.architecture, ".block_count' = ", c.num_layers,
+           " but the file has only ", f.tensors().size(), " tensors (", per_layer, " per layer)");
+  const bool permuted_rope = c.architecture != "gemma3";  // see the header comment
 
   for_each_weight(c, model.weights, [&](const std::string& hf_name, Tensor<float, cpu>& slot, Shape expected) {
-    const std::string name = detail::gguf_tensor_name(hf_name);
+    const std::string name = detail::gguf_tensor_name(hf_name, c.sandwich_norms);
     const GgufTensorInfo* t = f.find_tensor(name);
     DC_CHECK(t != nullptr, f.where(), "tensor '", name, "' (", hf_name, ") missing");
     DC_CHECK(t->shape() == expected, f.where(name), "shape ", t->shape().str(), " (ne ",
@@ -204,8 +246,8 @@ inline HfModel load_gguf_model(const GgufFile& f) {
                      detail::concat("gguf '", f.path().string(), "': tensor '", name, "'"));
     const bool is_q = name.size() > 13 && name.compare(name.size() - 13, 13, "attn_q.weight") == 0;
     const bool is_k = name.size() > 13 && name.compare(name.size() - 13, 13, "attn_k.weight") == 0;
-    if (is_q) detail::gguf_unpermute_rope_rows(slot, c.num_heads, c.head_dim);
-    if (is_k) detail::gguf_unpermute_rope_rows(slot, c.num_kv_heads, c.head_dim);
+    if (is_q && permuted_rope) detail::gguf_unpermute_rope_rows(slot, c.num_heads, c.head_dim);
+    if (is_k && permuted_rope) detail::gguf_unpermute_rope_rows(slot, c.num_kv_heads, c.head_dim);
   });
   return model;
 }

@@ -14,6 +14,7 @@
 
 #include "../core/error.hpp"
 #include "../core/finite.hpp"
+#include "../math/rmsnorm.hpp"
 #include "../model/config.hpp"
 #include "../model/weights.hpp"
 #include "detail/json_text.hpp"
@@ -31,6 +32,11 @@ namespace detail {
 
 // Tensors every decoder layer has (norms, Q/K/V/O, gate/up/down): see for_each_weight.
 inline constexpr std::size_t kTensorsPerLayer = 9;
+
+// The same for a given model: Gemma adds the q/k norms and two output norms.
+inline std::size_t tensors_per_layer(const ModelConfig& c) {
+  return kTensorsPerLayer + (c.qk_norm ? 2 : 0) + (c.sandwich_norms ? 2 : 0);
+}
 
 // Where each tensor of a checkpoint lives: one file, or a weight_map over shard files.
 class HfWeightSource {
@@ -128,11 +134,14 @@ inline HfModel load_hf_model(const std::filesystem::path& folder) {
   const detail::HfWeightSource source(folder);
   // for_each_weight sizes the layer list before it asks for a layer's tensors, so a layer count
   // the checkpoint cannot back would allocate without bound (see fuzz/README.md).
-  DC_CHECK(std::size_t(model.config.num_layers) <=
-               source.tensor_count() / detail::kTensorsPerLayer,
+  const std::size_t per_layer = detail::tensors_per_layer(model.config);
+  DC_CHECK(std::size_t(model.config.num_layers) <= source.tensor_count() / per_layer,
            "checkpoint ", folder.string(), ": config says num_hidden_layers = ",
            model.config.num_layers, " but ", source.searched(), " has only ", source.tensor_count(),
-           " tensors (", detail::kTensorsPerLayer, " per layer)");
+           " tensors (", per_layer, " per layer)");
+  // Gemma checkpoints store norm weights w of y = norm(x) * (1 + w); the weights hold the
+  // multiplier (model/weights.hpp), so the offset is added here, once, in fp32.
+  const bool offset_norms = model.config.architecture == "gemma3";
 
   // Tied checkpoints keep only model.embed_tokens.weight; for_each_weight then never asks for
   // lm_head.weight, so a redundant copy in the file is simply not read.
@@ -148,6 +157,9 @@ inline HfModel load_hf_model(const std::filesystem::path& folder) {
                     DC_CHECK(same, "checkpoint ", file->path().string(), ": tensor '", name,
                              "' has shape ", detail::shape_str(actual), ", expected ", expected.str());
                     slot = file->read_float(name);
+                    if (offset_norms && name.find("norm") != std::string::npos)
+                      for (std::int64_t i = 0; i < slot.numel(); ++i)
+                        slot.data()[i] = math::offset_norm_multiplier(slot.data()[i]);
                     // A NaN or inf weight would poison every logit: reject it here, by name.
                     check_all_finite(std::span<const float>(slot.data(), std::size_t(slot.numel())),
                                      detail::concat("checkpoint ", file->path().string(),

@@ -1,5 +1,6 @@
 #pragma once
-// Hugging Face config.json -> dc::ModelConfig for "llama" and "mistral" checkpoints.
+// Hugging Face config.json -> dc::ModelConfig for "llama", "mistral" and "gemma3_text"
+// checkpoints (the last in io/hf_config_gemma3.hpp).
 //
 // Accepts both config styles in the wild: transformers <= 4.x writes a top-level "rope_theta",
 // transformers 5.x writes "rope_parameters": {"rope_theta", "rope_type"}. Anything the decoder
@@ -18,86 +19,11 @@
 
 #include "../core/error.hpp"
 #include "../model/config.hpp"
+#include "detail/hf_config_reader.hpp"
 #include "detail/json_text.hpp"
+#include "hf_config_gemma3.hpp"
 
 namespace dc {
-
-namespace detail {
-
-// Field readers: every error names the source and the field. A JSON null counts as absent,
-// since transformers writes null for unset optional fields.
-class HfConfigReader {
- public:
-  HfConfigReader(const nlohmann::json& j, std::string_view source) : j_(j), source_(source) {}
-
-  bool has(const char* key) const { return j_.contains(key) && !j_.at(key).is_null(); }
-
-  int required_int(const char* key) const {
-    DC_CHECK(has(key), source_, ": field '", key, "' missing");
-    return to_int(j_.at(key), key);
-  }
-  int optional_int(const char* key, int fallback) const {
-    return has(key) ? to_int(j_.at(key), key) : fallback;
-  }
-  float required_float(const char* key) const {
-    DC_CHECK(has(key), source_, ": field '", key, "' missing");
-    return to_float32(j_.at(key), key);
-  }
-  bool optional_bool(const char* key, bool fallback) const {
-    if (!has(key)) return fallback;
-    DC_CHECK(j_.at(key).is_boolean(), source_, ": field '", key, "' must be a boolean, got ",
-             detail::json_text(j_.at(key)));
-    return j_.at(key).get<bool>();
-  }
-  std::string optional_string(const char* key, std::string fallback) const {
-    if (!has(key)) return fallback;
-    DC_CHECK(j_.at(key).is_string(), source_, ": field '", key, "' must be a string, got ",
-             detail::json_text(j_.at(key)));
-    return j_.at(key).get<std::string>();
-  }
-
-  int to_int(const nlohmann::json& v, std::string_view key) const {
-    DC_CHECK(v.is_number_integer(), source_, ": field '", key, "' must be an integer, got ",
-             detail::json_text(v));
-    const bool fits = v.is_number_unsigned()
-                          ? v.get<std::uint64_t>() <= std::uint64_t(std::numeric_limits<int>::max())
-                          : v.get<std::int64_t>() >= std::numeric_limits<int>::min() &&
-                                v.get<std::int64_t>() <= std::numeric_limits<int>::max();
-    DC_CHECK(fits, source_, ": field '", key, "' out of int range: ", detail::json_text(v));
-    return static_cast<int>(v.get<std::int64_t>());
-  }
-  float to_float32(const nlohmann::json& v, std::string_view key) const {
-    DC_CHECK(v.is_number(), source_, ": field '", key, "' must be a number, got ",
-             detail::json_text(v));
-    const double x = v.get<double>();
-    DC_CHECK(std::isfinite(x) && std::fabs(x) <= double(std::numeric_limits<float>::max()), source_,
-             ": field '", key, "' out of float range: ", detail::json_text(v));
-    return static_cast<float>(x);
-  }
-
-  const nlohmann::json& json() const { return j_; }
-  const std::string& source() const { return source_; }
-
- private:
-  const nlohmann::json& j_;
-  std::string source_;
-};
-
-// The RoPE type named by a rope_scaling / rope_parameters object ("type" is the pre-4.45 key).
-inline std::string hf_rope_type(const HfConfigReader& r, const char* key) {
-  const auto& obj = r.json().at(key);
-  DC_CHECK(obj.is_object(), r.source(), ": field '", key, "' must be an object, got ",
-           detail::json_text(obj));
-  for (const char* type_key : {"rope_type", "type"}) {
-    if (!obj.contains(type_key) || obj.at(type_key).is_null()) continue;
-    DC_CHECK(obj.at(type_key).is_string(), r.source(), ": field '", key, ".", type_key,
-             "' must be a string, got ", detail::json_text(obj.at(type_key)));
-    return obj.at(type_key).get<std::string>();
-  }
-  return "default";
-}
-
-}  // namespace detail
 
 inline ModelConfig parse_hf_config(const nlohmann::json& j, std::string_view source) {
   DC_CHECK(j.is_object(), source, ": must be a JSON object, got ", j.type_name());
@@ -105,8 +31,9 @@ inline ModelConfig parse_hf_config(const nlohmann::json& j, std::string_view sou
 
   DC_CHECK(r.has("model_type"), source, ": field 'model_type' missing");
   const std::string model_type = r.optional_string("model_type", "");
+  if (model_type == "gemma3_text") return detail::parse_gemma3_text_config(r);
   DC_CHECK(model_type == "llama" || model_type == "mistral", source, ": model_type '", model_type,
-           "' is not supported (only 'llama' and 'mistral')");
+           "' is not supported (only 'llama', 'mistral' and 'gemma3_text')");
 
   const std::string act = r.optional_string("hidden_act", "silu");
   DC_CHECK(act == "silu", source, ": field 'hidden_act' is '", act, "', only 'silu' is supported");

@@ -12,7 +12,10 @@
 //   entropy        H / log(n)                  fraction of the largest entropy n tokens allow
 //   position       position / latest position  already in [0, 1]
 //   last_alpha     log(last * n + eps)         the newest query's mass (TOVA's signal), relative
-// n is the number of rows in the group. The logarithms keep heavy hitters (attention sinks take
+//   budget_age     log((age + 1) / B)          the token's age (latest - position) in budgets B
+// n is the number of rows in the group. budget_age is scale-free in the budget rather than the
+// group: H2O's recent window (the newest B/2 tokens) is budget_age < log(1/2) at every context
+// length and budget, which position (relative to the context) cannot express. The logarithms keep heavy hitters (attention sinks take
 // half the mass) and near-zero tokens in a range an MLP with small weights handles, and eps
 // bounds the log for tokens no query attended to.
 #include <cmath>
@@ -44,6 +47,19 @@ DC_HD float input_log_relative_spread(float variance, int group_rows) {
 DC_HD float input_relative_entropy(float entropy, int group_rows) {
   return group_rows > 1 ? entropy / logf(static_cast<float>(group_rows)) : 0.0f;
 }
+
+// log((age + 1) / budget), age = latest position - position >= 0: the newest token reads
+// log(1 / B), the token B - 1 steps older reads 0.
+DC_HD float input_log_budget_age(int age, int budget) {
+  const float a = static_cast<float>(age > 0 ? age : 0) + 1.0f;
+  return logf(a / static_cast<float>(budget > 1 ? budget : 1));
+}
+
+// The warm start's recent window in budget_age (H2O keeps the newest half of its budget), and
+// the bonus that lifts it above every heavy-hitter score (those span about [-14, 7]: two logs
+// bounded below by log(eps)).
+DC_HD bool h2o_recent_from_input(float budget_age_input) { return budget_age_input <= -0.69314718f; }
+inline constexpr float kH2ORecentBonus = 20.0f;
 
 // H2O's heavy-hitter score written in two of these inputs (the warm start that imitates H2O):
 // H2O ranks by the mass summed over the queries, alpha is its mean over the queries that see the

@@ -1,19 +1,27 @@
 #pragma once
-// ModelConfig: the shape of a Llama/Mistral decoder, presets for Mistral-7B, and validation.
+// ModelConfig: the shape of a Llama/Mistral/Gemma 3 decoder, presets for Mistral-7B, and
+// validation.
 //
 // Generic configs come from a Hugging Face config.json (io/hf_config.hpp) or GGUF metadata.
+// Gemma 3 is the same decoder with more switches on (docs/design.md, "Gemma 3"): scaled
+// embeddings, norms after attention and feed-forward as well as before, per-head q/k norms,
+// GeGLU, its own attention scale, local sliding-window layers interleaved with global ones (each
+// kind with its own RoPE base) and optional final-logit soft-capping. Every switch defaults to
+// the Llama behaviour, so Llama/Mistral configs are unchanged.
+#include <cmath>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "../core/error.hpp"
 
 namespace dc {
 
 struct ModelConfig {
-  std::string architecture = "llama";  // "llama" or "mistral": same math, different defaults
+  std::string architecture = "llama";  // "llama", "mistral" or "gemma3"
   int vocab_size = 0;
   int hidden_size = 0;        // d
-  int intermediate_size = 0;  // SwiGLU width
+  int intermediate_size = 0;  // SwiGLU / GeGLU width
   int num_layers = 0;
   int num_heads = 0;     // query heads
   int num_kv_heads = 0;  // key/value heads (GQA when < num_heads)
@@ -24,13 +32,49 @@ struct ModelConfig {
   int sliding_window = 0;  // 0: full causal attention
   bool tie_embeddings = false;
 
+  // Gemma 3 switches (off: Llama/Mistral).
+  enum class Activation { silu, gelu_tanh };  // SwiGLU or GeGLU feed-forward
+  Activation activation = Activation::silu;
+  bool scale_embeddings = false;  // embeddings times float(sqrt(hidden_size))
+  bool sandwich_norms = false;    // attention and FFN outputs normed before the residual add
+  bool qk_norm = false;           // RMSNorm of every query and key head before RoPE
+  float query_pre_attn_scalar = 0.0f;  // attention scale scalar^-0.5; 0: head_dim
+  // Per layer: true = local (sliding_window, rope_theta_local), false = global (full attention,
+  // rope_theta). Empty: every layer uses sliding_window and rope_theta (Mistral).
+  std::vector<bool> sliding_layers;
+  float rope_theta_local = 0.0f;     // RoPE base of sliding layers; 0: rope_theta
+  float final_logit_softcap = 0.0f;  // logits = cap * tanh(logits / cap); 0: none
+
   int q_dim() const { return num_heads * head_dim; }
   int kv_dim() const { return num_kv_heads * head_dim; }
+
+  bool is_sliding(int layer) const {
+    return sliding_layers.empty() ? sliding_window > 0 : bool(sliding_layers[std::size_t(layer)]);
+  }
+  // The window of a layer's attention, 0 for full attention.
+  int window_of(int layer) const { return is_sliding(layer) ? sliding_window : 0; }
+  float rope_theta_of(int layer) const {
+    return !sliding_layers.empty() && is_sliding(layer) && rope_theta_local > 0.0f ? rope_theta_local
+                                                                                  : rope_theta;
+  }
+  // Scores are q.k times this. Llama's 1/sqrt(head_dim) keeps its fp32 form bit for bit; the
+  // Gemma scale is rounded from double once, as Hugging Face's Python float is.
+  float attention_scale() const {
+    return query_pre_attn_scalar > 0.0f
+               ? static_cast<float>(1.0 / std::sqrt(static_cast<double>(query_pre_attn_scalar)))
+               : 1.0f / std::sqrt(static_cast<float>(head_dim));
+  }
+  // Embeddings are multiplied by this (Gemma: sqrt(hidden_size) rounded to fp32, as HF casts it
+  // to the weights' dtype).
+  float embedding_scale() const {
+    return scale_embeddings ? static_cast<float>(std::sqrt(static_cast<double>(hidden_size))) : 1.0f;
+  }
 
   // Parameter count (for reports and byte accounting).
   std::int64_t num_parameters() const {
     const std::int64_t d = hidden_size, ff = intermediate_size;
-    const std::int64_t per_layer = 2 * d + d * q_dim() * 2 + std::int64_t(2) * kv_dim() * d + 3 * d * ff;
+    const std::int64_t norms = (sandwich_norms ? 4 : 2) * d + (qk_norm ? 2 * head_dim : 0);
+    const std::int64_t per_layer = norms + d * q_dim() * 2 + std::int64_t(2) * kv_dim() * d + 3 * d * ff;
     return std::int64_t(vocab_size) * d * (tie_embeddings ? 1 : 2) + d + num_layers * per_layer;
   }
 
@@ -52,6 +96,14 @@ struct ModelConfig {
     DC_CHECK(rms_eps > 0.0f && rms_eps < 1.0f, "model config: rms_norm_eps out of range: ", rms_eps);
     DC_CHECK(rope_theta > 1.0f, "model config: rope_theta must be > 1, got ", rope_theta);
     DC_CHECK(sliding_window >= 0, "model config: sliding_window must be >= 0, got ", sliding_window);
+    DC_CHECK(sliding_layers.empty() || int(sliding_layers.size()) == num_layers, "model config: ",
+             sliding_layers.size(), " layer types for ", num_layers, " layers");
+    DC_CHECK(query_pre_attn_scalar >= 0.0f, "model config: query_pre_attn_scalar must be >= 0, got ",
+             query_pre_attn_scalar);
+    DC_CHECK(rope_theta_local == 0.0f || rope_theta_local > 1.0f,
+             "model config: the local RoPE base must be > 1, got ", rope_theta_local);
+    DC_CHECK(final_logit_softcap >= 0.0f, "model config: final_logit_softcapping must be >= 0, got ",
+             final_logit_softcap);
     // Guards against absurd files: every matrix and activation index must fit in int32, so
     // q_dim()/kv_dim() and the kernels' index arithmetic cannot overflow.
     constexpr std::int64_t kLimit = std::int64_t(1) << 31;

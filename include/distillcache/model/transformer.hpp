@@ -1,5 +1,7 @@
 #pragma once
-// Transformer<B, W>: a Llama/Mistral decoder forward pass on backend B with weight storage W.
+// Transformer<B, W>: a Llama/Mistral/Gemma 3 decoder forward pass on backend B with weight
+// storage W. Gemma 3 is the same body with ModelConfig's switches on (model/config.hpp): the
+// extra norms, GeGLU, scales and per-layer windows are branches here, not a second forward pass.
 //
 // One code path serves chunked prefill and single-token decode: every call appends its tokens to
 // the KV cache and attends over the whole cache, masked by positions (causal + sliding window).
@@ -239,6 +241,15 @@ class Transformer {
       check(L.w_gate, "w_gate", l);
       check(L.w_up, "w_up", l);
       check(L.w_down, "w_down", l);
+      check(L.q_norm, "q_norm", l);
+      check(L.k_norm, "k_norm", l);
+      check(L.attn_out_norm, "attn_out_norm", l);
+      check(L.ffn_out_norm, "ffn_out_norm", l);
+      // Gemma's extra norms are read through raw pointers: their absence must fail here.
+      DC_CHECK(!cfg_.qk_norm || (!L.q_norm.empty() && !L.k_norm.empty()), "layer ", l,
+               ": the config has q/k norms (Gemma) but the weights have no q_norm/k_norm");
+      DC_CHECK(!cfg_.sandwich_norms || (!L.attn_out_norm.empty() && !L.ffn_out_norm.empty()), "layer ",
+               l, ": the config has output norms (Gemma) but the weights have no attn_out_norm/ffn_out_norm");
     }
   }
 
@@ -258,44 +269,55 @@ class Transformer {
       rows_.push_back({std::clamp(cache.observed_from() - chunk_position, 0, seg.rows),
                        cache.observing(chunk_position + seg.rows - 1),
                        AttentionShape{cfg_.num_heads, cfg_.num_kv_heads, cfg_.head_dim,
-                                      cfg_.sliding_window,
-                                      1.0f / std::sqrt(static_cast<float>(cfg_.head_dim)),
+                                      cfg_.sliding_window, cfg_.attention_scale(),
                                       cache.capacity()}});
     }
 
     float *x = x_.data(), *xn = xn_.data(), *q = q_.data(), *k = k_.data(), *v = v_.data(),
           *att = att_.data(), *gate = gate_.data(), *up = up_.data();
+    const std::int64_t nd = std::int64_t(n) * d;
     embedding(ctx_, x, tokens_.data(), n, w_.embed.data(), d);
+    if (cfg_.scale_embeddings) scale_values(ctx_, x, cfg_.embedding_scale(), nd);
     for (int l = 0; l < cfg_.num_layers; ++l) {
       const LayerWeights<B, W>& L = w_.layers[std::size_t(l)];
-      // Attention block: x += Wo * attention(rope(Wq xn), rope(Wk xn), Wv xn).
+      // Attention block: x += Wo * attention(rope(Wq xn), rope(Wk xn), Wv xn) (Gemma: q and k
+      // normed per head first, the block's output normed before the add).
       rmsnorm(ctx_, xn, x, L.attn_norm.data(), n, d, cfg_.rms_eps);
       matmul(ctx_, q, xn, L.wq.data(), n, d, qd);
       matmul(ctx_, k, xn, L.wk.data(), n, d, kvd);
       matmul(ctx_, v, xn, L.wv.data(), n, d, kvd);
+      if (cfg_.qk_norm) {  // rows [n, heads*head_dim] are n*heads contiguous head vectors
+        rmsnorm(ctx_, q, q, L.q_norm.data(), n * cfg_.num_heads, cfg_.head_dim, cfg_.rms_eps);
+        rmsnorm(ctx_, k, k, L.k_norm.data(), n * cfg_.num_kv_heads, cfg_.head_dim, cfg_.rms_eps);
+      }
+      const int window = cfg_.window_of(l);
+      const float theta = cfg_.rope_theta_of(l);
       for (std::size_t s = 0; s < segments.size(); ++s) {
         KVCache<B>& cache = *segments[s].cache;
-        const SegmentRows& r = rows_[s];
+        SegmentRows r = rows_[s];
+        r.shape.window = window;  // Gemma: local layers windowed, global ones not
         const int rows = segments[s].rows;
         const std::int64_t row = segments[s].row;
         float *qs = q + row * qd, *ks = k + row * kvd, *vs = v + row * kvd;
         const int first = cache.appended_at(l);
         const std::int32_t* query_pos = cache.positions(l) + first;
         if (cache.collecting_queries()) cache.add_queries(ctx_, l, qs, first, rows);  // before RoPE
-        rope(ctx_, qs, ks, query_pos, rows, cfg_.num_heads, cfg_.num_kv_heads, cfg_.head_dim,
-             cfg_.rope_theta);
+        rope(ctx_, qs, ks, query_pos, rows, cfg_.num_heads, cfg_.num_kv_heads, cfg_.head_dim, theta);
         kv_write(ctx_, cache.keys(l), cache.values(l), ks, vs, rows, first, r.shape, cache.stats(l));
         const AttentionStats stats{r.observed ? cache.stats(l) : nullptr, r.first_observed};
         attention(ctx_, att + row * qd, qs, cache.keys(l), cache.values(l), cache.positions(l),
                   cache.length(l), query_pos, rows, r.shape, stats);
       }
-      matmul(ctx_, x, att, L.wo.data(), n, qd, d, /*accumulate=*/true);
-      // Feed-forward block: x += W_down (silu(W_gate xn) * W_up xn).
+      residual_add(x, xn, att, L.wo.data(), qd, L.attn_out_norm, n);
+      // Feed-forward block: x += W_down (act(W_gate xn) * W_up xn), act silu or gelu_tanh.
       rmsnorm(ctx_, xn, x, L.ffn_norm.data(), n, d, cfg_.rms_eps);
       matmul(ctx_, gate, xn, L.w_gate.data(), n, d, ff);
       matmul(ctx_, up, xn, L.w_up.data(), n, d, ff);
-      swiglu(ctx_, gate, up, std::int64_t(n) * ff);
-      matmul(ctx_, x, gate, L.w_down.data(), n, ff, d, /*accumulate=*/true);
+      if (cfg_.activation == ModelConfig::Activation::gelu_tanh)
+        geglu(ctx_, gate, up, std::int64_t(n) * ff);
+      else
+        swiglu(ctx_, gate, up, std::int64_t(n) * ff);
+      residual_add(x, xn, gate, L.w_down.data(), ff, L.ffn_out_norm, n);
     }
     if (which == LogitsFor::none) return;
     int rows = n;  // LogitsFor::all, or one-row segments: every row, normalised in one call
@@ -309,7 +331,23 @@ class Transformer {
       rmsnorm(ctx_, xn, x, w_.final_norm.data(), rows, d, cfg_.rms_eps);
     }
     matmul(ctx_, logits_.data(), xn, w_.output_matrix().data(), rows, d, cfg_.vocab_size);
+    if (cfg_.final_logit_softcap > 0.0f)
+      softcap(ctx_, logits_.data(), cfg_.final_logit_softcap, std::int64_t(rows) * cfg_.vocab_size);
     if (out) copy_to_host(ctx_, out, logits_.data(), std::size_t(rows) * cfg_.vocab_size);
+  }
+
+  // x[n, d] += block output y[n, in] W^T: accumulated by the GEMM (Llama), or, with sandwich
+  // norms (Gemma), formed in scratch [n, d], normed by out_norm, then added.
+  void residual_add(float* x, float* scratch, const float* y, const W* w, int in,
+                    const Tensor<float, B>& out_norm, int n) {
+    const int d = cfg_.hidden_size;
+    if (!cfg_.sandwich_norms) {
+      matmul(ctx_, x, y, w, n, in, d, /*accumulate=*/true);
+      return;
+    }
+    matmul(ctx_, scratch, y, w, n, in, d);
+    rmsnorm(ctx_, scratch, scratch, out_norm.data(), n, d, cfg_.rms_eps);
+    add_residual(ctx_, x, scratch, std::int64_t(n) * d);
   }
 
   ModelConfig cfg_;

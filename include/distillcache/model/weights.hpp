@@ -1,10 +1,13 @@
 #pragma once
-// Weights of a Llama/Mistral decoder on one backend, with storage type W for the matrices.
+// Weights of a Llama/Mistral/Gemma 3 decoder on one backend, with storage type W for the
+// matrices.
 //
 // Matrices are stored [out_features, in_features] row-major, exactly as Hugging Face stores
 // nn.Linear weights, so y = x W^T reads both operands contiguously. Norm weights stay fp32 on
 // every backend: they are tiny and bf16 would cost accuracy for no bandwidth gain.
 // Q and K projections follow the rotate-half RoPE convention (loaders convert GGUF's).
+// Norm weights are the multipliers the kernels apply: for Gemma that is 1 + w of its checkpoint
+// (math/rmsnorm.hpp; the loaders say where the offset is added).
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -25,6 +28,12 @@ struct LayerWeights {
   Tensor<W, B> wo;             // [d, heads*head_dim]
   Tensor<float, B> ffn_norm;   // [d]
   Tensor<W, B> w_gate;         // [ff, d]
+  // Gemma 3 only (empty otherwise): per-head q/k norms and the norms of the attention and
+  // feed-forward outputs (config.qk_norm, config.sandwich_norms).
+  Tensor<float, B> q_norm;         // [head_dim]
+  Tensor<float, B> k_norm;         // [head_dim]
+  Tensor<float, B> attn_out_norm;  // [d]
+  Tensor<float, B> ffn_out_norm;   // [d]
   Tensor<W, B> w_up;           // [ff, d]
   Tensor<W, B> w_down;         // [d, ff]
 };
@@ -45,6 +54,9 @@ using HostWeights = Weights<cpu, float>;
 // The expected shape of every tensor, under its Hugging Face name. Loaders walk this list, so a
 // missing or misshapen tensor is reported by the name the user sees in their checkpoint.
 // fn(const std::string& hf_name, Tensor<T, cpu>& slot, Shape expected) for T = float.
+// Gemma names its norms differently: its post_attention_layernorm norms the attention output,
+// and pre_feedforward_layernorm is what Llama calls post_attention_layernorm. Every norm's name
+// contains "norm" and no matrix's does (the HF loader relies on that to add Gemma's offset).
 template <class Fn>
 void for_each_weight(const ModelConfig& c, HostWeights& w, Fn&& fn) {
   const std::int64_t d = c.hidden_size, ff = c.intermediate_size;
@@ -58,7 +70,17 @@ void for_each_weight(const ModelConfig& c, HostWeights& w, Fn&& fn) {
     fn(p + "self_attn.k_proj.weight", L.wk, Shape{c.kv_dim(), d});
     fn(p + "self_attn.v_proj.weight", L.wv, Shape{c.kv_dim(), d});
     fn(p + "self_attn.o_proj.weight", L.wo, Shape{d, c.q_dim()});
-    fn(p + "post_attention_layernorm.weight", L.ffn_norm, Shape{d});
+    if (c.qk_norm) {
+      fn(p + "self_attn.q_norm.weight", L.q_norm, Shape{c.head_dim});
+      fn(p + "self_attn.k_norm.weight", L.k_norm, Shape{c.head_dim});
+    }
+    if (c.sandwich_norms) {
+      fn(p + "post_attention_layernorm.weight", L.attn_out_norm, Shape{d});
+      fn(p + "pre_feedforward_layernorm.weight", L.ffn_norm, Shape{d});
+      fn(p + "post_feedforward_layernorm.weight", L.ffn_out_norm, Shape{d});
+    } else {
+      fn(p + "post_attention_layernorm.weight", L.ffn_norm, Shape{d});
+    }
     fn(p + "mlp.gate_proj.weight", L.w_gate, Shape{ff, d});
     fn(p + "mlp.up_proj.weight", L.w_up, Shape{ff, d});
     fn(p + "mlp.down_proj.weight", L.w_down, Shape{d, ff});
@@ -72,6 +94,8 @@ void for_each_weight(const ModelConfig& c, HostWeights& w, Fn&& fn) {
 // conversion below and the CUDA upload (model/weights.cuh) are both this walk.
 template <Backend B, class W, class Matrix, class Norm>
 Weights<B, W> transform_weights(const HostWeights& host, Matrix&& matrix, Norm&& norm) {
+  // Norms a model does not have (Gemma's extra ones, under Llama) stay empty.
+  auto optional_norm = [&](const Tensor<float, cpu>& t) { return t.empty() ? Tensor<float, B>() : norm(t); };
   Weights<B, W> out;
   out.embed = matrix(host.embed);
   out.layers.reserve(host.layers.size());
@@ -86,6 +110,10 @@ Weights<B, W> transform_weights(const HostWeights& host, Matrix&& matrix, Norm&&
     d.w_gate = matrix(L.w_gate);
     d.w_up = matrix(L.w_up);
     d.w_down = matrix(L.w_down);
+    d.q_norm = optional_norm(L.q_norm);
+    d.k_norm = optional_norm(L.k_norm);
+    d.attn_out_norm = optional_norm(L.attn_out_norm);
+    d.ffn_out_norm = optional_norm(L.ffn_out_norm);
     out.layers.push_back(std::move(d));
   }
   out.final_norm = norm(host.final_norm);

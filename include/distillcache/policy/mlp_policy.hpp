@@ -108,16 +108,17 @@ class MlpPolicy final : public EvictionPolicy {
   std::span<float> params() { return params_; }
   std::span<const float> params() const { return params_; }
 
-  // The inputs and scores of every row of f (what score() writes), for the trainer.
-  void forward(const TokenFeatures& f, std::vector<float>& inputs, std::span<float> scores,
+  // The inputs and scores of every row of f at a budget of `budget` rows per group (what score()
+  // writes before the recent window), for the trainer.
+  void forward(const TokenFeatures& f, int budget, std::vector<float>& inputs, std::span<float> scores,
                float* saved = nullptr) const {
-    inputs = policy_inputs(f, inputs_);
+    inputs = policy_inputs(f, inputs_, budget);
     mlp_forward(Context<cpu>{}, layout_, params_.data(), inputs.data(), f.size, scores.data(), saved);
   }
 
  protected:
   void score_slots(const TokenFeatures& f, int budget, std::span<float> scores) override {
-    forward(f, inputs_scratch_, scores);
+    forward(f, budget, inputs_scratch_, scores);
     const int recent = recent_tokens(budget);
     if (recent > 0)
       for (int i = 0; i < f.size; ++i)

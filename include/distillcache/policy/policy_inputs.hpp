@@ -14,15 +14,16 @@
 
 namespace dc {
 
-// The paper's five features, then the newest query's mass (a second observation window: the
-// newest query alone, TOVA's signal) as an optional sixth.
-enum class PolicyInput : int { alpha = 0, value_norm, head_variance, entropy, position, last_alpha };
-inline constexpr int kNumPolicyInputs = 6;
+// The paper's five features, then optional ones: the newest query's mass (a second observation
+// window: the newest query alone, TOVA's signal) and the token's age in units of the budget
+// (what a recency window of H2O's kind is measured in).
+enum class PolicyInput : int { alpha = 0, value_norm, head_variance, entropy, position, last_alpha, budget_age };
+inline constexpr int kNumPolicyInputs = 7;
 inline constexpr const char* kPolicyNormalisation = "scale_free_v1";
 
 inline const char* policy_input_name(PolicyInput i) {
   constexpr std::array<const char*, kNumPolicyInputs> names = {
-      "alpha", "value_norm", "head_variance", "entropy", "position", "last_alpha"};
+      "alpha", "value_norm", "head_variance", "entropy", "position", "last_alpha", "budget_age"};
   return names[std::size_t(i)];
 }
 
@@ -30,7 +31,7 @@ inline PolicyInput parse_policy_input(std::string_view name) {
   for (int i = 0; i < kNumPolicyInputs; ++i)
     if (name == policy_input_name(PolicyInput(i))) return PolicyInput(i);
   DC_FAIL("unknown policy input '", std::string(name),
-          "' (known: alpha, value_norm, head_variance, entropy, position, last_alpha)");
+          "' (known: alpha, value_norm, head_variance, entropy, position, last_alpha, budget_age)");
 }
 
 inline std::vector<PolicyInput> paper_policy_inputs() {
@@ -38,9 +39,13 @@ inline std::vector<PolicyInput> paper_policy_inputs() {
           PolicyInput::entropy, PolicyInput::position};
 }
 
-// [f.size, inputs.size()] row-major: the inputs of every row, in the order asked for.
-inline std::vector<float> policy_inputs(const TokenFeatures& f, std::span<const PolicyInput> inputs) {
+// [f.size, inputs.size()] row-major: the inputs of every row, in the order asked for; budget is
+// the number of rows each group keeps (only budget_age reads it).
+inline std::vector<float> policy_inputs(const TokenFeatures& f, std::span<const PolicyInput> inputs,
+                                        int budget) {
   DC_CHECK(!inputs.empty(), "policy_inputs: no inputs asked for");
+  DC_CHECK(budget >= 1 || std::find(inputs.begin(), inputs.end(), PolicyInput::budget_age) == inputs.end(),
+           "policy_inputs: budget_age needs a budget of at least 1 row, got ", budget);
   const std::size_t k = inputs.size();
   std::vector<float> out(std::size_t(f.size) * k);
   for (const FeatureGroup& g : f.groups) {
@@ -67,6 +72,9 @@ inline std::vector<float> policy_inputs(const TokenFeatures& f, std::span<const 
           case PolicyInput::position: row[j] = f.feature(r, Feature::position); break;
           case PolicyInput::last_alpha:
             row[j] = math::input_log_relative_mass(f.last_query_mass[std::size_t(r)], n);
+            break;
+          case PolicyInput::budget_age:
+            row[j] = math::input_log_budget_age(f.latest_position - f.position[std::size_t(r)], budget);
             break;
         }
       }

@@ -77,7 +77,7 @@ class GumbelSelector final : public KeepSetSelector {
       e.group_offsets.push_back(std::int32_t(candidates.size()));
     }
     const int free_budget = std::max(0, budget - std::max(0, forced_per_group));
-    const std::vector<float> all_inputs = policy_inputs(f, policy_.inputs());
+    const std::vector<float> all_inputs = policy_inputs(f, policy_.inputs(), budget);
     const std::size_t k = policy_.inputs().size();
     std::vector<float> candidate_scores;
     std::vector<std::int32_t> candidate_positions;

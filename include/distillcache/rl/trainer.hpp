@@ -220,7 +220,8 @@ class ReinforceTrainer {
   // Warm start (rl/warm_start.hpp): fits the scores to sum_j target[j] * input_j (target has
   // one coefficient per policy input, in the policy's input order; e.g. 2 * alpha + 8 *
   // position: attention mass with a soft preference for recent tokens) on the first `contexts`
-  // training windows' features, at most max_rows rows taken evenly from them.
+  // training windows' features (once per training budget), at most max_rows rows taken evenly
+  // from them.
   WarmStartResult warm_start(int contexts, std::span<const float> target, int steps, float lr,
                              std::int64_t max_rows = 1 << 15) {
     DC_CHECK(target.size() == policy_.inputs().size(), "warm start: ", target.size(),
@@ -246,8 +247,11 @@ class ReinforceTrainer {
       cache.set_observed_from(policy_.observation_start(opt_.context));
       model_.forward(prompt, cache);
       const TokenFeatures f = gather_features(model_.context(), cache, opt_.granularity);
-      const auto x = policy_inputs(f, in);
-      all_inputs.insert(all_inputs.end(), x.begin(), x.end());
+      // The rows once per training budget: budget_age differs between them, the rest does not.
+      for (double fraction : opt_.budgets) {
+        const auto x = policy_inputs(f, in, budget_of(fraction).resolve(opt_.context));
+        all_inputs.insert(all_inputs.end(), x.begin(), x.end());
+      }
     }
     const std::int64_t rows = std::int64_t(all_inputs.size() / k);
     const std::int64_t stride = std::max<std::int64_t>(1, (rows + max_rows - 1) / max_rows);

@@ -1,0 +1,157 @@
+#!/usr/bin/env python3
+"""Plots of the committed result tables (bench/results/*.csv) as PNGs next to them.
+
+    bash scripts/plots.sh            # installs matplotlib into .venv, then runs this
+
+KL against budget: one panel per context length, one line per policy, from the evaluator's CSVs
+(`examples/eval --csv`: policy,granularity,budget,kl_mean,...). The learned policy's rows come
+from the eval_learned_* files and are drawn on top; the heuristics from eval_smollm2_*.
+Task accuracy (relative accuracy against budget, a task x policy heatmap at 25 %) comes from
+the task suite's CSV (`examples/eval --task ... --csv`) when one is given with --tasks.
+"""
+import argparse
+import csv
+import math
+import os
+from collections import defaultdict
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RESULTS = os.path.join(HERE, "results")
+
+
+def read_rows(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def kl_series(rows, granularity):
+    """{policy: [(budget, kl)]} for one granularity (TOVA's rows are per layer: kept as is)."""
+    series = defaultdict(list)
+    for r in rows:
+        if r["policy"] in ("full",):
+            continue
+        if r["granularity"] != granularity and not (r["policy"] == "tova" and r["granularity"] == "layer"):
+            continue
+        series[r["policy"]].append((float(r["budget"]), float(r["kl_mean"])))
+    return {p: sorted(v) for p, v in series.items()}
+
+
+def plot_kl(panels, out_path, title):
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.2), squeeze=False)
+    for ax, (label, series) in zip(axes[0], panels):
+        for policy, points in sorted(series.items()):
+            xs = [100 * b for b, _ in points]
+            ys = [k for _, k in points]
+            learned = policy.startswith("distillcache")
+            ax.plot(xs, ys, marker="o", linewidth=2.6 if learned else 1.2,
+                    color="black" if learned else None, label=policy, zorder=3 if learned else 2)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks([12.5, 25, 50])
+        ax.set_xticklabels(["12.5 %", "25 %", "50 %"])
+        ax.set_xlabel("cache kept (fraction of the prompt)")
+        ax.set_ylabel("KL(full || evicted), nats per token")
+        ax.set_title(label)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][-1].legend(fontsize=8, loc="upper right")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(out_path, dpi=110)
+    plt.close(fig)
+    print(f"plot_results: wrote {os.path.relpath(out_path)}")
+
+
+def task_plots(rows, out_prefix):
+    """Relative accuracy against budget (mean over tasks and lengths) and a heatmap at 25 %.
+    Expects the task suite's columns task,length,policy,granularity,budget,accuracy,
+    relative_accuracy."""
+    by_policy = defaultdict(lambda: defaultdict(list))
+    heat = defaultdict(dict)
+    for r in rows:
+        if r["policy"] == "full" or r.get("relative_accuracy", "") in ("", "nan"):
+            continue
+        rel = float(r["relative_accuracy"])
+        if math.isnan(rel):
+            continue
+        budget = float(r["budget"])
+        by_policy[r["policy"]][budget].append(rel)
+        if abs(budget - 0.25) < 1e-9:
+            heat[r["task"]].setdefault(r["policy"], []).append(rel)
+    fig, ax = plt.subplots(figsize=(5.5, 4.2))
+    for policy, budgets in sorted(by_policy.items()):
+        xs = sorted(budgets)
+        ys = [sum(budgets[b]) / len(budgets[b]) for b in xs]
+        learned = policy.startswith("distillcache")
+        ax.plot([100 * x for x in xs], ys, marker="o", linewidth=2.6 if learned else 1.2,
+                color="black" if learned else None, label=policy)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("cache kept (fraction of the prompt, %)")
+    ax.set_ylabel("relative accuracy (evicted / full cache)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = out_prefix + "_relative_accuracy.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    print(f"plot_results: wrote {os.path.relpath(path)}")
+    if not heat:
+        return
+    tasks = sorted(heat)
+    policies = sorted({p for t in heat.values() for p in t})
+    grid = [[(sum(heat[t][p]) / len(heat[t][p])) if p in heat[t] else float("nan") for p in policies]
+            for t in tasks]
+    fig, ax = plt.subplots(figsize=(1.1 * len(policies) + 2, 0.45 * len(tasks) + 1.5))
+    im = ax.imshow(grid, vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto")
+    ax.set_xticks(range(len(policies)))
+    ax.set_xticklabels(policies, rotation=30, ha="right")
+    ax.set_yticks(range(len(tasks)))
+    ax.set_yticklabels(tasks)
+    for i, row in enumerate(grid):
+        for j, v in enumerate(row):
+            if not math.isnan(v):
+                ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7,
+                        color="white" if v < 0.5 else "black")
+    fig.colorbar(im, ax=ax, label="relative accuracy at 25 %")
+    fig.tight_layout()
+    path = out_prefix + "_heatmap_25.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    print(f"plot_results: wrote {os.path.relpath(path)}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--granularity", default="head")
+    ap.add_argument("--mode", default="prefill")
+    ap.add_argument("--lengths", default="1024,2048")
+    ap.add_argument("--tasks", help="a task-suite CSV (examples/eval --task ... --csv)")
+    args = ap.parse_args()
+    panels = []
+    for length in args.lengths.split(","):
+        series = {}
+        base = os.path.join(RESULTS, f"eval_smollm2_L{length}_{args.mode}_{args.granularity}.csv")
+        learned = os.path.join(RESULTS, f"eval_learned_L{length}_{args.mode}_{args.granularity}.csv")
+        if not os.path.exists(base):
+            print(f"plot_results: no {os.path.relpath(base)}, L = {length} left out")
+            continue
+        series.update(kl_series(read_rows(base), args.granularity))
+        if os.path.exists(learned):
+            # Only the shipped policy's rows (the file also keeps earlier versions for the record).
+            shipped = [r for r in read_rows(learned) if r["policy"] == "distillcache"]
+            series.update(kl_series(shipped, args.granularity))
+        series.pop("random", None)  # an order of magnitude above the rest: it flattens the plot
+        panels.append((f"SmolLM2-135M, L = {length}, {args.mode}, {args.granularity}", series))
+    if panels:
+        plot_kl(panels, os.path.join(RESULTS, f"kl_vs_budget_{args.mode}_{args.granularity}.png"),
+                "Held-out Vim help text: KL to the full cache (lower is better)")
+    if args.tasks:
+        task_plots(read_rows(args.tasks), os.path.splitext(args.tasks)[0])
+
+
+if __name__ == "__main__":
+    main()
