@@ -20,6 +20,7 @@
 #include "../decode/evicting_decoder.hpp"
 #include "../policy/baselines.hpp"
 #include "metrics.hpp"
+#include "shared_prefill.hpp"
 
 namespace dc {
 
@@ -50,22 +51,11 @@ class FidelityEvaluator {
     DC_CHECK(n > 0 && steps > 0, "fidelity: empty prompt or continuation");
     const std::size_t vocab = std::size_t(model_.config().vocab_size);
 
-    // One prefill per (observation start, query statistics) the policies ask for.
-    auto key = [&](const EvictionPolicy& p) {
-      return std::make_pair(p.observation_start(n), p.query_statistics().from);
-    };
-    std::map<std::pair<int, int>, std::pair<KVCache<B>, std::vector<float>>> prefilled;
+    // One prefill per observation window the policies (and the full-cache teacher) ask for.
     FullCachePolicy full;
     std::vector<EvictionPolicy*> all = policies_;
     all.push_back(&full);
-    for (EvictionPolicy* p : all) {
-      if (prefilled.count(key(*p))) continue;
-      auto cache = model_.make_cache(n);
-      cache.set_observed_from(p->observation_start(n));
-      cache.collect_queries(p->query_statistics(), model_.config().rope_theta);
-      auto logits = model_.forward(prompt, cache);
-      prefilled.emplace(key(*p), std::make_pair(std::move(cache), std::move(logits)));
-    }
+    const SharedPrefills<B, W> prefilled(model_, all, prompt);
     // Decoder 0 of the first batch is the teacher (the full cache); the others are students, in
     // index order. Each decoder's rows are its step logits, [steps, vocab].
     const std::size_t students = totals_.size();
@@ -79,7 +69,7 @@ class FidelityEvaluator {
                      std::size_t student) {
         decoders.push_back(std::make_unique<EvictingDecoder<B, W>>(model_, policy, budget, mode_, n,
                                                                    steps, granularity));
-        const auto& [cache, logits] = prefilled.at(key(policy));
+        const auto& [cache, logits] = prefilled.of(policy);
         decoders.back()->adopt_prefill(cache, logits);
         if (student != kTeacher && on_compressed_) on_compressed_(student, decoders.back()->cache());
         student_of.push_back(student);

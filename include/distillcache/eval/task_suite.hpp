@@ -32,6 +32,7 @@
 #include "../model/sampling.hpp"
 #include "../policy/baselines.hpp"
 #include "metrics.hpp"
+#include "shared_prefill.hpp"
 #include "tasks/task_prompt.hpp"
 
 namespace dc {
@@ -108,19 +109,11 @@ class TaskSuite {
              prompt.prompt_tokens(), " tokens + ", prompt.max_new_tokens, " generated exceed the model's context of ",
              model_.config().max_position);
 
-    auto key = [&](const EvictionPolicy& p) { return std::make_pair(p.observation_start(n), p.query_statistics().from); };
-    std::map<std::pair<int, int>, std::pair<KVCache<B>, std::vector<float>>> prefilled;
+    // One prefill per observation window the policies (and the full-cache teacher) ask for.
     FullCachePolicy full;
     std::vector<EvictionPolicy*> all = policies_;
     all.push_back(&full);
-    for (EvictionPolicy* p : all) {
-      if (prefilled.count(key(*p))) continue;
-      auto cache = model_.make_cache(n);
-      cache.set_observed_from(p->observation_start(n));
-      cache.collect_queries(p->query_statistics(), model_.config().rope_theta);
-      auto logits = model_.forward(compressed, cache);
-      prefilled.emplace(key(*p), std::make_pair(std::move(cache), std::move(logits)));
-    }
+    const SharedPrefills<B, W> prefilled(model_, all, compressed);
 
     TaskSampleResult result;
     result.outputs.resize(students());
@@ -132,7 +125,7 @@ class TaskSuite {
       std::vector<std::size_t> student_of;
       auto add = [&](EvictionPolicy& policy, const Budget& budget, Granularity g, std::size_t student) {
         decoders.push_back(std::make_unique<EvictingDecoder<B, W>>(model_, policy, budget, mode_, n, extra, g));
-        const auto& [cache, logits] = prefilled.at(key(policy));
+        const auto& [cache, logits] = prefilled.of(policy);
         decoders.back()->adopt_prefill(cache, logits);
         student_of.push_back(student);
       };
