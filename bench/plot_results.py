@@ -68,14 +68,14 @@ def plot_kl(panels, out_path, title):
 
 def task_plots(rows, out_prefix):
     """Relative accuracy against budget (mean over tasks and lengths) and a heatmap at 25 %.
-    Expects the task suite's columns task,length,policy,granularity,budget,accuracy,
-    relative_accuracy."""
+    Reads the task suite's columns task, policy, budget and relative (evicted accuracy over the
+    full cache's; empty or nan where the full cache scored 0: those tasks are left out)."""
     by_policy = defaultdict(lambda: defaultdict(list))
     heat = defaultdict(dict)
     for r in rows:
-        if r["policy"] == "full" or r.get("relative_accuracy", "") in ("", "nan"):
+        if r["policy"] == "full" or r.get("relative", "") in ("", "nan", "n/a"):
             continue
-        rel = float(r["relative_accuracy"])
+        rel = float(r["relative"])
         if math.isnan(rel):
             continue
         budget = float(r["budget"])
