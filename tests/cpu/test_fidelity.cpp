@@ -7,6 +7,7 @@
 
 #include <distillcache/distillcache.hpp>
 
+#include "../support/byte_tokenizer.hpp"
 #include "../support/temp_dir.hpp"
 
 TEST_CASE("KL, top-1 agreement and perplexity ratio equal exact enumeration") {
@@ -39,18 +40,7 @@ TEST_CASE("KL, top-1 agreement and perplexity ratio equal exact enumeration") {
 
 TEST_CASE("token windows: sorted .txt files, back-to-back windows, remainder dropped") {
   dc_test::TempDir dir("dc_corpus");
-  // A byte-level vocabulary: every byte is a token, so n characters give n tokens.
-  dc::TokenizerData data;
-  data.model = "gpt2";
-  data.pre = "default";
-  for (int b = 0; b < 256; ++b) {
-    // Byte-level BPE vocabularies spell byte b as GPT-2's printable code point for it.
-    std::string s;
-    dc::detail::tok::append_utf8(s, dc::detail::tok::byte_to_cp()[std::size_t(b)]);
-    data.tokens.push_back(s);
-    data.token_types.push_back(1);
-  }
-  const dc::Tokenizer tok(data);
+  const dc::Tokenizer tok = dc_test::byte_tokenizer();  // n characters give n tokens
   std::ofstream(dir / "b.txt") << "0123456789";  // 10 tokens: windows [0,4) [4,8)
   std::ofstream(dir / "a.txt") << "abcde";       // 5 tokens: window [0,4)
   std::ofstream(dir / "c.md") << "ignored";

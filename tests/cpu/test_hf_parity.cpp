@@ -12,71 +12,16 @@
 #include <distillcache/io/hf_checkpoint.hpp>
 #include <distillcache/io/safetensors.hpp>
 
+#include "../support/hf_oracle.hpp"
 #include "../support/threads.hpp"
 
 namespace {
 
-constexpr float kTolerance = 1e-4f;
-
-struct Oracle {
-  std::vector<std::int32_t> tokens;
-  dc::Tensor<float, dc::cpu> logits;  // [seq, vocab]
-};
-
-Oracle load_oracle(const std::string& folder) {
-  dc::SafetensorsFile f(folder + "/oracle.safetensors");
-  return {f.read_i32("tokens"), f.read_float("logits")};
-}
-
-// Max abs error of rows [first, first + rows) of got (host, [rows, vocab]) against the oracle.
-float row_error(const Oracle& o, int first, const std::vector<float>& got) {
-  const std::int64_t vocab = o.logits.dim(1);
-  const std::int64_t rows = std::int64_t(got.size()) / vocab;
-  float worst = 0.0f;
-  for (std::int64_t i = 0; i < rows * vocab; ++i)
-    worst = std::fmax(worst, std::fabs(got[std::size_t(i)] - o.logits.data()[first * vocab + i]));
-  return worst;
-}
-
-void check_model(const std::string& name) {
-  const std::string folder = std::string(DC_FIXTURE_DIR) + "/" + name;
-  const Oracle o = load_oracle(folder);
-  const int seq = int(o.tokens.size());
-  const std::span<const std::int32_t> tokens(o.tokens);
-
-  auto make = [&](int max_chunk) {
-    dc::HfModel m = dc::load_hf_model(folder);
-    return dc::Transformer<dc::cpu>(m.config, std::move(m.weights), max_chunk);
-  };
-
-  SUBCASE("(a) one full prefill") {
-    auto model = make(64);
-    auto cache = model.make_cache(seq);
-    const float err = row_error(o, 0, model.forward(tokens, cache, dc::LogitsFor::all));
-    MESSAGE(name << " full prefill: max abs error " << err);
-    CHECK(err < kTolerance);
-  }
-  SUBCASE("(b) token-by-token decode") {
-    auto model = make(1);
-    auto cache = model.make_cache(seq);
-    float worst = 0.0f;
-    for (int t = 0; t < seq; ++t)
-      worst = std::fmax(worst, row_error(o, t, model.forward(tokens.subspan(std::size_t(t), 1), cache)));
-    MESSAGE(name << " token-by-token decode: max abs error " << worst);
-    CHECK(worst < kTolerance);
-  }
-  SUBCASE("(c) chunked prefill of 16 tokens in chunks of 5, then decode") {
-    auto model = make(5);
-    auto cache = model.make_cache(seq);
-    const int prefill = 16;
-    float worst = row_error(o, 0, model.forward(tokens.first(prefill), cache, dc::LogitsFor::all));
-    for (int t = prefill; t < seq; ++t)
-      worst = std::fmax(worst, row_error(o, t, model.forward(tokens.subspan(std::size_t(t), 1), cache)));
-    MESSAGE(name << " chunked prefill + decode: max abs error " << worst);
-    CHECK(worst < kTolerance);
-    CHECK(cache.length() == seq);
-  }
-}
+constexpr float kTolerance = dc_test::kHfParityTolerance;
+using dc_test::load_oracle;
+using dc_test::Oracle;
+using dc_test::row_error;
+void check_model(const std::string& name) { dc_test::check_hf_parity(name); }
 
 }  // namespace
 

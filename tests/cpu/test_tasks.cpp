@@ -19,32 +19,14 @@
 #include <distillcache/distillcache.hpp>
 #include <distillcache/eval/task_suite.hpp>
 
+#include "../support/byte_tokenizer.hpp"
 #include "../support/smollm2_path.hpp"
 
 namespace {
 
 namespace t = dc::tasks;
 
-// Every byte is a token (GPT-2's printable spelling of it); with_chatml adds <|im_start|> and
-// <|im_end|> as control tokens 256 and 257.
-dc::Tokenizer byte_tokenizer(bool with_chatml) {
-  dc::TokenizerData data;
-  data.model = "gpt2";
-  data.pre = "default";
-  for (int b = 0; b < 256; ++b) {
-    std::string s;
-    dc::detail::tok::append_utf8(s, dc::detail::tok::byte_to_cp()[std::size_t(b)]);
-    data.tokens.push_back(s);
-    data.token_types.push_back(1);
-  }
-  if (with_chatml) {
-    for (const char* special : {"<|im_start|>", "<|im_end|>"}) {
-      data.tokens.push_back(special);
-      data.token_types.push_back(3);  // control
-    }
-  }
-  return dc::Tokenizer(data);
-}
+using dc_test::byte_tokenizer;
 
 const t::WordList& test_words() {
   static const t::WordList words = t::WordList::from_words(

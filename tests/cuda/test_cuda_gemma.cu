@@ -30,17 +30,6 @@ constexpr std::int64_t kCount = 100003;  // not a multiple of any block size
 
 }  // namespace
 
-TEST_CASE("cuda geglu matches the CPU") {
-  Gpu ctx;
-  auto gate = random_vector(std::size_t(kCount), 200, 3.0f);
-  const auto up = random_vector(std::size_t(kCount), 201);
-  auto gate_d = upload(ctx, gate);
-  auto up_d = upload(ctx, up);
-  dc::geglu(kCpu, gate.data(), up.data(), kCount);
-  dc::geglu(ctx, gate_d.data(), up_d.data(), kCount);
-  CHECK(normalised_error(download(ctx, gate_d), gate) < 1e-5f);
-}
-
 TEST_CASE("cuda scale_values and add_residual match the CPU exactly") {
   Gpu ctx;
   auto x = random_vector(std::size_t(kCount), 210);

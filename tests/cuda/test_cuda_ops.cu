@@ -299,16 +299,24 @@ TEST_CASE("cuda attention gives zeros when a query sees no key, like the CPU") {
   CHECK(std::all_of(got.begin(), got.end(), [](float v) { return v == 0.0f; }));
 }
 
-TEST_CASE("cuda swiglu matches the CPU") {
+TEST_CASE("cuda swiglu and geglu match the CPU") {
   Gpu ctx;
-  const std::int64_t count = 100003;
-  auto gate = random_vector(std::size_t(count), 100, 3.0f);
-  const auto up = random_vector(std::size_t(count), 101);
-  auto gate_d = upload(ctx, gate);
-  auto up_d = upload(ctx, up);
-  dc::swiglu(kCpu, gate.data(), up.data(), count);
-  dc::swiglu(ctx, gate_d.data(), up_d.data(), count);
-  CHECK(normalised_error(download(ctx, gate_d), gate) < 1e-5f);
+  const std::int64_t count = 100003;  // not a multiple of any block size
+  for (const bool gelu : {false, true}) {
+    CAPTURE(gelu);
+    auto gate = random_vector(std::size_t(count), 100, 3.0f);
+    const auto up = random_vector(std::size_t(count), 101);
+    auto gate_d = upload(ctx, gate);
+    auto up_d = upload(ctx, up);
+    if (gelu) {
+      dc::geglu(kCpu, gate.data(), up.data(), count);
+      dc::geglu(ctx, gate_d.data(), up_d.data(), count);
+    } else {
+      dc::swiglu(kCpu, gate.data(), up.data(), count);
+      dc::swiglu(ctx, gate_d.data(), up_d.data(), count);
+    }
+    CHECK(normalised_error(download(ctx, gate_d), gate) < 1e-5f);
+  }
 }
 
 TEST_CASE("cuda softmax_rows matches the CPU, also in place") {

@@ -25,47 +25,49 @@ __global__ void embedding_kernel(float* DC_RESTRICT out, const std::int32_t* DC_
   for (int i = threadIdx.x; i < d; i += blockDim.x) o[i] = load_float(row + i);
 }
 
-// A template (COMDAT), not a static function: see cuda/attention.cuh.
-template <int = 0>
-__global__ void swiglu_kernel(float* gate, const float* up, std::int64_t count) {
+// Every pointwise op of the forward pass (math/activation.hpp) is one grid-stride loop over
+// op(i); the ops are small functors (extended lambdas would need --extended-lambda). A template
+// (COMDAT), not a static function: see cuda/attention.cuh.
+template <class Op>
+__global__ void pointwise_kernel(Op op, std::int64_t count) {
   const std::int64_t stride = std::int64_t(gridDim.x) * blockDim.x;
   for (std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride)
-    gate[i] = math::swiglu(gate[i], up[i]);
+    op(i);
 }
 
-// The pointwise ops of Gemma (math/activation.hpp), grid-stride loops like swiglu_kernel.
-template <int = 0>
-__global__ void geglu_kernel(float* gate, const float* up, std::int64_t count) {
-  const std::int64_t stride = std::int64_t(gridDim.x) * blockDim.x;
-  for (std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride)
-    gate[i] = math::geglu(gate[i], up[i]);
+template <class Op>
+inline void launch_pointwise(const Context<cuda>& ctx, Op op, std::int64_t count, const char* name) {
+  if (count <= 0) return;
+  constexpr int kThreads = 256;
+  pointwise_kernel<Op><<<grid_for(count, kThreads, 16 * ctx.sm_count()), kThreads, 0, ctx.stream()>>>(op, count);
+  DC_CUDA_CHECK_LAUNCH(name);
 }
 
-template <int = 0>
-__global__ void scale_kernel(float* x, float s, std::int64_t count) {
-  const std::int64_t stride = std::int64_t(gridDim.x) * blockDim.x;
-  for (std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride)
-    x[i] *= s;
-}
-
-template <int = 0>
-__global__ void add_kernel(float* x, const float* y, std::int64_t count) {
-  const std::int64_t stride = std::int64_t(gridDim.x) * blockDim.x;
-  for (std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride)
-    x[i] += y[i];
-}
-
-template <int = 0>
-__global__ void softcap_kernel(float* x, float cap, std::int64_t count) {
-  const std::int64_t stride = std::int64_t(gridDim.x) * blockDim.x;
-  for (std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride)
-    x[i] = math::softcap(x[i], cap);
-}
-
-// Launch shape of the pointwise kernels above.
-inline unsigned pointwise_blocks(const Context<cuda>& ctx, std::int64_t count, int threads) {
-  return grid_for(count, threads, 16 * ctx.sm_count());
-}
+struct SwigluOp {
+  float* gate;
+  const float* up;
+  __device__ void operator()(std::int64_t i) const { gate[i] = math::swiglu(gate[i], up[i]); }
+};
+struct GegluOp {
+  float* gate;
+  const float* up;
+  __device__ void operator()(std::int64_t i) const { gate[i] = math::geglu(gate[i], up[i]); }
+};
+struct ScaleOp {
+  float* x;
+  float s;
+  __device__ void operator()(std::int64_t i) const { x[i] *= s; }
+};
+struct AddOp {
+  float* x;
+  const float* y;
+  __device__ void operator()(std::int64_t i) const { x[i] += y[i]; }
+};
+struct SoftcapOp {
+  float* x;
+  float cap;
+  __device__ void operator()(std::int64_t i) const { x[i] = math::softcap(x[i], cap); }
+};
 
 // One block per row: max, then sum of exponentials, then scale — the CPU oracle's three passes.
 // Each thread touches the same indices in every pass, so y may alias x.
@@ -113,47 +115,27 @@ void embedding(const Context<cuda>& ctx, float* out, const std::int32_t* tokens,
 
 // gate[i] = silu(gate[i]) * up[i] for i < count.
 inline void swiglu(const Context<cuda>& ctx, float* gate, const float* up, std::int64_t count) {
-  if (count <= 0) return;
-  constexpr int kThreads = 256;
-  const unsigned blocks = cuda_detail::grid_for(count, kThreads, 16 * ctx.sm_count());
-  cuda_detail::swiglu_kernel<><<<blocks, kThreads, 0, ctx.stream()>>>(gate, up, count);
-  DC_CUDA_CHECK_LAUNCH("swiglu_kernel");
+  cuda_detail::launch_pointwise(ctx, cuda_detail::SwigluOp{gate, up}, count, "swiglu");
 }
 
 // gate[i] = gelu_tanh(gate[i]) * up[i] for i < count (Gemma's GeGLU).
 inline void geglu(const Context<cuda>& ctx, float* gate, const float* up, std::int64_t count) {
-  if (count <= 0) return;
-  constexpr int kThreads = 256;
-  cuda_detail::geglu_kernel<><<<cuda_detail::pointwise_blocks(ctx, count, kThreads), kThreads, 0,
-                                 ctx.stream()>>>(gate, up, count);
-  DC_CUDA_CHECK_LAUNCH("geglu_kernel");
+  cuda_detail::launch_pointwise(ctx, cuda_detail::GegluOp{gate, up}, count, "geglu");
 }
 
 // x[i] *= s for i < count (Gemma's embedding scale).
 inline void scale_values(const Context<cuda>& ctx, float* x, float s, std::int64_t count) {
-  if (count <= 0) return;
-  constexpr int kThreads = 256;
-  cuda_detail::scale_kernel<><<<cuda_detail::pointwise_blocks(ctx, count, kThreads), kThreads, 0,
-                                 ctx.stream()>>>(x, s, count);
-  DC_CUDA_CHECK_LAUNCH("scale_kernel");
+  cuda_detail::launch_pointwise(ctx, cuda_detail::ScaleOp{x, s}, count, "scale_values");
 }
 
 // x[i] += y[i] for i < count (the residual add after Gemma's output norms).
 inline void add_residual(const Context<cuda>& ctx, float* x, const float* y, std::int64_t count) {
-  if (count <= 0) return;
-  constexpr int kThreads = 256;
-  cuda_detail::add_kernel<><<<cuda_detail::pointwise_blocks(ctx, count, kThreads), kThreads, 0,
-                               ctx.stream()>>>(x, y, count);
-  DC_CUDA_CHECK_LAUNCH("add_kernel");
+  cuda_detail::launch_pointwise(ctx, cuda_detail::AddOp{x, y}, count, "add_residual");
 }
 
 // x[i] = cap * tanh(x[i] / cap) for i < count (final-logit soft-capping).
 inline void softcap(const Context<cuda>& ctx, float* x, float cap, std::int64_t count) {
-  if (count <= 0) return;
-  constexpr int kThreads = 256;
-  cuda_detail::softcap_kernel<><<<cuda_detail::pointwise_blocks(ctx, count, kThreads), kThreads, 0,
-                                   ctx.stream()>>>(x, cap, count);
-  DC_CUDA_CHECK_LAUNCH("softcap_kernel");
+  cuda_detail::launch_pointwise(ctx, cuda_detail::SoftcapOp{x, cap}, count, "softcap");
 }
 
 // y[n, cols] = softmax(x[n, cols]) along each row. y may alias x.

@@ -43,12 +43,7 @@ inline ModelConfig parse_hf_config(const nlohmann::json& j, std::string_view sou
 
   ModelConfig c;
   c.architecture = model_type;
-  c.vocab_size = r.required_int("vocab_size");
-  c.hidden_size = r.required_int("hidden_size");
-  c.intermediate_size = r.required_int("intermediate_size");
-  c.num_layers = r.required_int("num_hidden_layers");
-  c.num_heads = r.required_int("num_attention_heads");
-  c.num_kv_heads = r.optional_int("num_key_value_heads", c.num_heads);
+  detail::read_decoder_shape(r, c);
   DC_CHECK(c.num_heads > 0, source, ": field 'num_attention_heads' must be positive, got ", c.num_heads);
   if (r.has("head_dim")) {
     c.head_dim = r.required_int("head_dim");

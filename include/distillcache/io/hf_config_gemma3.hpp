@@ -54,12 +54,7 @@ inline ModelConfig parse_gemma3_text_config(const HfConfigReader& r) {
   c.architecture = "gemma3";
   c.activation = ModelConfig::Activation::gelu_tanh;
   c.scale_embeddings = c.sandwich_norms = c.qk_norm = true;
-  c.vocab_size = r.required_int("vocab_size");
-  c.hidden_size = r.required_int("hidden_size");
-  c.intermediate_size = r.required_int("intermediate_size");
-  c.num_layers = r.required_int("num_hidden_layers");
-  c.num_heads = r.required_int("num_attention_heads");
-  c.num_kv_heads = r.optional_int("num_key_value_heads", c.num_heads);
+  read_decoder_shape(r, c);
   c.head_dim = r.optional_int("head_dim", 256);
   c.max_position = r.required_int("max_position_embeddings");
   c.rms_eps = r.has("rms_norm_eps") ? r.required_float("rms_norm_eps") : 1e-6f;

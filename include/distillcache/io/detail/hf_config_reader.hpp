@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../../core/error.hpp"
+#include "../../model/config.hpp"
 #include "json_text.hpp"
 
 namespace dc {
@@ -87,6 +88,16 @@ inline std::string hf_rope_type(const HfConfigReader& r, const char* key) {
     return obj.at(type_key).get<std::string>();
   }
   return "default";
+}
+
+// The decoder shape every config.json states with the same keys (Llama, Mistral, Gemma 3).
+inline void read_decoder_shape(const HfConfigReader& r, ModelConfig& c) {
+  c.vocab_size = r.required_int("vocab_size");
+  c.hidden_size = r.required_int("hidden_size");
+  c.intermediate_size = r.required_int("intermediate_size");
+  c.num_layers = r.required_int("num_hidden_layers");
+  c.num_heads = r.required_int("num_attention_heads");
+  c.num_kv_heads = r.optional_int("num_key_value_heads", c.num_heads);
 }
 
 }  // namespace detail
