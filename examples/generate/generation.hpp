@@ -57,7 +57,7 @@ GenerationResult generate(dc::Transformer<B, W>& model, const std::vector<std::i
     logits.assign(out.begin(), out.end());
   }
   r.decode_seconds = std::chrono::duration<double>(clock::now() - t0).count();
-  r.cache_tokens = decoder.cache().length();
+  r.cache_tokens = decoder.cache().evictable_length();  // what the budget bounds
   r.cache_bytes = decoder.cache().bytes_used();
   r.evictions = decoder.evictions();
   return r;

@@ -253,15 +253,19 @@ std::vector<BadInput> bad_inputs(const dc_test::TempDir& tmp) {
 
   // ---- KV cache -----------------------------------------------------------------------------
   add("KVCache", "capacity 0", [&] { dc::KVCache<dc::cpu>(dc::cache_shape_of(cfg), 0); }, "capacity must be positive");
-  add("KVCache", "query heads not a multiple of kv heads", [&] { dc::KVCache<dc::cpu>(dc::CacheShape{2, 3, 2, 4, 0}, 4); },
+  add("KVCache", "query heads not a multiple of kv heads", [&] { dc::KVCache<dc::cpu>(dc::CacheShape{2, 3, 2, 4, 0, {}}, 4); },
       "3 query heads are not a multiple of 2 kv heads");
+  add("KVCache", "layer windows not one per layer", [&] { dc::KVCache<dc::cpu>(dc::CacheShape{2, 2, 2, 4, 0, {8}}, 4); },
+      "1 layer windows for 2 layers");
+  add("KVCache", "negative layer window", [&] { dc::KVCache<dc::cpu>(dc::CacheShape{2, 2, 2, 4, 0, {0, -1}}, 4); },
+      "layer 1 has window -1 (0 = global, else positive)");
   add("KVCache::compact_heads", "keep entries not a multiple of the kv heads", [&] {
-    auto cache = dc::KVCache<dc::cpu>(dc::CacheShape{1, 4, 2, 4, 0}, 8);
+    auto cache = dc::KVCache<dc::cpu>(dc::CacheShape{1, 4, 2, 4, 0, {}}, 8);
     cache.append({}, 4);
     cache.compact_heads({}, 0, std::vector<std::int32_t>{0, 1, 2});
   }, "3 keep entries are not 2 equal per-head keep-sets");
   add("KVCache::compact_heads", "a head's keep-set not ascending", [&] {
-    auto cache = dc::KVCache<dc::cpu>(dc::CacheShape{1, 4, 2, 4, 0}, 8);
+    auto cache = dc::KVCache<dc::cpu>(dc::CacheShape{1, 4, 2, 4, 0, {}}, 8);
     cache.append({}, 4);
     cache.compact_heads({}, 0, std::vector<std::int32_t>{0, 1, 3, 2});
   }, "keep-set of kv head 1 must be strictly ascending");

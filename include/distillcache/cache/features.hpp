@@ -18,6 +18,12 @@
 //   position       position / latest position
 // At head granularity these are kvpress's per-(layer, KV head) quantities: the mass is the
 // mean over the KV group's query heads, as its presses average attention over a group.
+//
+// Only the cache's evictable layers have rows or enter the sums (KVCache::evictable): on a model
+// with local sliding-window layers (Gemma 3) those keep their window by themselves
+// (KVCache::trim_to_windows) and their statistics, which cover the window alone, would bias
+// the global layers' view. A group's [layer_begin, layer_end) is a range of which it covers
+// the evictable layers.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -64,7 +70,8 @@ inline const char* feature_name(Feature f) {
   return names[std::size_t(f)];
 }
 
-// The layers and KV heads a group covers, and its rows [row_begin, row_end).
+// The layers (the evictable ones in the range) and KV heads a group covers, and its rows
+// [row_begin, row_end).
 struct FeatureGroup {
   int layer_begin = 0, layer_end = 0;
   int head_begin = 0, head_end = 0;
@@ -146,19 +153,22 @@ struct TokenFeatures {
 
 namespace detail {
 
-// Appends the rows of one group covering layers [l0, l1) and KV heads [h0, h1), which must all
-// hold the same slots; stats[l] is layer l's block copied to the host as [kv_heads, rows, n]
-// (n = the layer's length: the valid slots only), expected[l] its expected attention
-// [kv_heads, n] (empty without query statistics).
+// Appends the rows of one group covering the evictable layers of [l0, l1) and KV heads [h0, h1),
+// which must all hold the same slots; stats[l] is layer l's block copied to the host as
+// [kv_heads, rows, n] (n = the layer's length: the valid slots only), expected[l] its expected
+// attention [kv_heads, n] (empty without query statistics).
 inline void append_group_rows(TokenFeatures& f, const std::vector<std::vector<float>>& stats,
                               const std::vector<std::vector<float>>& expected,
+                              const std::vector<bool>& evictable,
                               const std::vector<std::int32_t>& positions, int l0, int l1, int h0,
                               int h1, int group_size) {
   const int n = int(positions.size()), rows_per_head = stat_rows_per_kv_head(group_size);
   const std::int64_t stride = n;
   const int g = f.num_groups();
   f.groups.push_back({l0, l1, h0, h1, f.size, f.size + n});
-  const float covered = float((l1 - l0) * (h1 - h0));
+  int layers = 0;
+  for (int l = l0; l < l1; ++l) layers += evictable[std::size_t(l)] ? 1 : 0;
+  const float covered = float(layers * (h1 - h0));
   const int query_heads = (h1 - h0) * group_size;
   std::vector<float> head_mass(static_cast<std::size_t>(query_heads));
   for (int i = 0; i < n; ++i) {
@@ -166,6 +176,7 @@ inline void append_group_rows(TokenFeatures& f, const std::vector<std::vector<fl
           last = 0.0f, expected_mass = 0.0f;
     std::fill(head_mass.begin(), head_mass.end(), 0.0f);
     for (int l = l0; l < l1; ++l) {
+      if (!evictable[std::size_t(l)]) continue;
       for (int h = h0; h < h1; ++h) {
         const float* block = stats[std::size_t(l)].data() + std::int64_t(h) * rows_per_head * stride;
         auto at = [&](int r) { return block[std::int64_t(r) * stride + i]; };
@@ -198,7 +209,7 @@ inline void append_group_rows(TokenFeatures& f, const std::vector<std::vector<fl
     f.slot.push_back(i);
     f.position.push_back(position);
     f.accumulated_mass.push_back(mass);
-    f.last_query_mass.push_back(last / float(l1 - l0) / float(query_heads));
+    f.last_query_mass.push_back(last / float(layers) / float(query_heads));
     f.key_norm.push_back(key_norm / covered);
     f.expected_attention.push_back(expected_mass / covered);
   }
@@ -207,22 +218,27 @@ inline void append_group_rows(TokenFeatures& f, const std::vector<std::vector<fl
 
 }  // namespace detail
 
-// Features of every row of the cache at the given granularity. Coarser granularities need the
-// slots they merge to be the same: shared needs every layer and head to hold the same
-// positions, layer needs the heads of each layer to (they do unless finer keep-sets were used).
+// Features of every row of the cache's evictable layers at the given granularity. Coarser
+// granularities need the slots they merge to be the same: shared needs every evictable layer and
+// head to hold the same positions, layer needs the heads of each layer to (they do unless finer
+// keep-sets were used).
 template <Backend B>
 TokenFeatures gather_features(const Context<B>& ctx, const KVCache<B>& cache,
                               Granularity granularity = Granularity::shared) {
   const int layers = cache.num_layers(), kv_heads = cache.num_kv_heads(), cap = cache.capacity();
   const int group_size = cache.num_heads() / kv_heads;
+  std::vector<bool> evictable(static_cast<std::size_t>(layers));
+  for (int l = 0; l < layers; ++l) evictable[std::size_t(l)] = cache.evictable(l);
+  const int reference = cache.first_evictable_layer();
   if (granularity != Granularity::head)
     for (int l = 0; l < layers; ++l)
-      DC_CHECK(cache.heads_share_slots(l), "gather_features: the kv heads of layer ", l,
+      DC_CHECK(!evictable[std::size_t(l)] || cache.heads_share_slots(l), "gather_features: the kv heads of layer ", l,
                " hold different slots (per-head keep-sets): gather at head granularity");
   if (granularity == Granularity::shared)
-    for (int l = 1; l < layers; ++l)
-      DC_CHECK(cache.host_positions(l) == cache.host_positions(0), "gather_features: layers 0 and ",
-               l, " hold different slots (per-layer keep-sets): gather at layer or head granularity");
+    for (int l = reference + 1; l < layers; ++l)
+      DC_CHECK(!evictable[std::size_t(l)] || cache.host_positions(l) == cache.host_positions(reference),
+               "gather_features: layers ", reference, " and ", l,
+               " hold different slots (per-layer keep-sets): gather at layer or head granularity");
 
   TokenFeatures f;
   f.granularity = granularity;
@@ -231,6 +247,7 @@ TokenFeatures gather_features(const Context<B>& ctx, const KVCache<B>& cache,
   const std::size_t block = std::size_t(kv_heads) * cache.stat_rows();
   std::vector<std::vector<float>> stats(static_cast<std::size_t>(layers));
   for (int l = 0; l < layers; ++l) {
+    if (!evictable[std::size_t(l)]) continue;
     const std::size_t n = std::size_t(cache.length(l));
     stats[std::size_t(l)].resize(block * n);
     copy_rows_to_host(ctx, stats[std::size_t(l)].data(), cache.stats(l), std::size_t(cap), n, block);
@@ -239,6 +256,7 @@ TokenFeatures gather_features(const Context<B>& ctx, const KVCache<B>& cache,
   f.has_expected_attention = cache.collecting_queries();
   if (f.has_expected_attention)
     for (int l = 0; l < layers; ++l) {
+      if (!evictable[std::size_t(l)]) continue;
       const std::size_t n = std::size_t(cache.length(l));
       std::vector<float> value_norm(std::size_t(kv_heads) * n);
       for (int h = 0; h < kv_heads; ++h)
@@ -248,19 +266,21 @@ TokenFeatures gather_features(const Context<B>& ctx, const KVCache<B>& cache,
     }
   switch (granularity) {
     case Granularity::shared:
-      detail::append_group_rows(f, stats, expected, cache.host_positions(0), 0, layers, 0, kv_heads,
-                                group_size);
+      detail::append_group_rows(f, stats, expected, evictable, cache.host_positions(reference), 0,
+                                layers, 0, kv_heads, group_size);
       break;
     case Granularity::layer:
       for (int l = 0; l < layers; ++l)
-        detail::append_group_rows(f, stats, expected, cache.host_positions(l), l, l + 1, 0, kv_heads,
-                                  group_size);
+        if (evictable[std::size_t(l)])
+          detail::append_group_rows(f, stats, expected, evictable, cache.host_positions(l), l, l + 1,
+                                    0, kv_heads, group_size);
       break;
     case Granularity::head:
       for (int l = 0; l < layers; ++l)
-        for (int h = 0; h < kv_heads; ++h)
-          detail::append_group_rows(f, stats, expected, cache.host_positions(l, h), l, l + 1, h, h + 1,
-                                    group_size);
+        if (evictable[std::size_t(l)])
+          for (int h = 0; h < kv_heads; ++h)
+            detail::append_group_rows(f, stats, expected, evictable, cache.host_positions(l, h), l,
+                                      l + 1, h, h + 1, group_size);
       break;
   }
   return f;

@@ -1,8 +1,9 @@
 #pragma once
 // Applying the keep-sets of feature groups (cache/features.hpp) to a cache: group g keeps the
-// slots keep[g] (strictly ascending) in every layer and KV head it covers. One path for every
-// granularity: each layer is compacted once with per-head keep-sets, repeated for the heads a
-// shared or per-layer group covers.
+// slots keep[g] (strictly ascending) in every evictable layer and KV head it covers. One path for
+// every granularity: each layer is compacted once with per-head keep-sets, repeated for the heads
+// a shared or per-layer group covers. Windowed layers that are not evictable (Gemma 3's local
+// layers) are then trimmed to their window, exactly (KVCache::trim_to_windows).
 #include <cstdint>
 #include <vector>
 
@@ -22,6 +23,7 @@ void compact_groups(const Context<B>& ctx, KVCache<B>& cache, const TokenFeature
   std::vector<int> owner(static_cast<std::size_t>(kv_heads));
   std::vector<std::int32_t> flat;
   for (int l = 0; l < cache.num_layers(); ++l) {
+    if (!cache.evictable(l)) continue;
     for (int h = 0; h < kv_heads; ++h) {
       owner[std::size_t(h)] = -1;
       for (int g = 0; g < f.num_groups(); ++g)
@@ -39,6 +41,7 @@ void compact_groups(const Context<B>& ctx, KVCache<B>& cache, const TokenFeature
     }
     cache.compact_heads(ctx, l, flat);
   }
+  cache.trim_to_windows(ctx);
 }
 
 }  // namespace dc

@@ -20,6 +20,14 @@
 //
 // Statistics are accumulated only for observed queries: set_observed_from(p) makes queries at
 // positions >= p accumulate (e.g. the last W prompt tokens); disable_statistics() stops it.
+//
+// Windowed layers (Gemma 3's local layers, CacheShape::layer_windows): a query at position p
+// sees only keys at positions > p - window there (math::attends), so once the newest position
+// is P no future query reaches a key at or before P - window. trim_to_windows() drops those
+// slots: exact, and the only way such a layer shrinks. Eviction policies choose keep-sets for
+// the evictable layers only (evictable()): the global ones, or every layer when all are
+// windowed (Mistral v0.1: the window is the model's own horizon, and eviction works under it;
+// those layers are then the policy's alone, not trimmed).
 #include <algorithm>
 #include <cstdint>
 #include <span>
@@ -41,6 +49,8 @@ struct CacheShape {
   int num_kv_heads = 0;  // key/value heads
   int head_dim = 0;
   int max_position = 0;  // the model's longest context; 0 = unbounded
+  // Per layer: its sliding window in positions (0 = global attention). Empty: every layer global.
+  std::vector<int> layer_windows;
 
   void validate() const {
     DC_CHECK(num_layers > 0 && num_heads > 0 && num_kv_heads > 0 && head_dim > 0,
@@ -48,6 +58,11 @@ struct CacheShape {
              num_kv_heads, ", head_dim ", head_dim, " must all be positive");
     DC_CHECK(num_heads % num_kv_heads == 0, "KV cache shape: ", num_heads,
              " query heads are not a multiple of ", num_kv_heads, " kv heads");
+    DC_CHECK(layer_windows.empty() || int(layer_windows.size()) == num_layers, "KV cache shape: ",
+             layer_windows.size(), " layer windows for ", num_layers, " layers");
+    for (std::size_t l = 0; l < layer_windows.size(); ++l)
+      DC_CHECK(layer_windows[l] >= 0, "KV cache shape: layer ", l, " has window ", layer_windows[l],
+               " (0 = global, else positive)");
   }
   bool operator==(const CacheShape&) const = default;
 };
@@ -58,8 +73,12 @@ class KVCache {
   KVCache() = default;
   KVCache(const CacheShape& shape, int capacity)
       : layers_(shape.num_layers), heads_(shape.num_heads), kv_heads_(shape.num_kv_heads),
-        head_dim_(shape.head_dim), max_position_(shape.max_position), capacity_(capacity) {
+        head_dim_(shape.head_dim), max_position_(shape.max_position), capacity_(capacity),
+        windows_(shape.layer_windows) {
     shape.validate();
+    if (windows_.empty()) windows_.assign(std::size_t(layers_), 0);
+    const bool all_windowed = std::all_of(windows_.begin(), windows_.end(), [](int w) { return w > 0; });
+    for (int w : windows_) evictable_.push_back(w == 0 || all_windowed);
     DC_CHECK(capacity > 0, "KV cache capacity must be positive, got ", capacity);
     DC_CHECK(shape.max_position == 0 || capacity <= shape.max_position, "KV cache capacity ",
              capacity, " exceeds the model's max_position ", shape.max_position);
@@ -76,7 +95,11 @@ class KVCache {
     last_append_.assign(static_cast<std::size_t>(layers_), 0);
   }
 
-  CacheShape shape() const { return {layers_, heads_, kv_heads_, head_dim_, max_position_}; }
+  CacheShape shape() const {
+    const bool any = std::any_of(windows_.begin(), windows_.end(), [](int w) { return w > 0; });
+    return {layers_, heads_, kv_heads_, head_dim_, max_position_,
+            any ? windows_ : std::vector<int>{}};
+  }
   int num_layers() const { return layers_; }
   int num_heads() const { return heads_; }
   int num_kv_heads() const { return kv_heads_; }
@@ -93,6 +116,42 @@ class KVCache {
     return m;
   }
   int next_position() const { return next_position_; }
+
+  // Layer l's sliding window (0: global attention).
+  int window(int layer) const { return windows_[index(layer, 0)]; }
+  // Whether eviction policies choose layer l's keep-sets (see the header comment).
+  bool evictable(int layer) const { return evictable_[index(layer, 0)]; }
+  int evictable_layers() const { return int(std::count(evictable_.begin(), evictable_.end(), true)); }
+  // The longest evictable layer: what a budget bounds (windowed layers hold their window).
+  int evictable_length() const {
+    int m = 0;
+    for (int l = 0; l < layers_; ++l)
+      if (evictable_[std::size_t(l)]) m = std::max(m, length(l));
+    return m;
+  }
+  // The first evictable layer (the reference layer of shared keep-sets).
+  int first_evictable_layer() const {
+    return int(std::find(evictable_.begin(), evictable_.end(), true) - evictable_.begin());
+  }
+
+  // Drops, in every windowed layer that is not evictable, the slots no future query can attend
+  // to (position <= next_position() - 1 - window). Exact: attention outputs are unchanged.
+  // Evictable windowed layers (every layer windowed) are left to the policy: their heads may
+  // hold different keep-sets, which one uniform per-head trim could not cut to equal lengths.
+  void trim_to_windows(const Context<B>& ctx) {
+    const int newest = next_position_ - 1;
+    for (int l = 0; l < layers_; ++l) {
+      const int w = windows_[std::size_t(l)];
+      if (w == 0 || evictable_[std::size_t(l)]) continue;
+      DC_CHECK(heads_share_slots(l), "KV cache: the kv heads of windowed layer ", l,
+               " hold different slots");
+      const auto& pos = host_positions(l);
+      trim_keep_.clear();
+      for (std::size_t s = 0; s < pos.size(); ++s)
+        if (newest - pos[s] < w) trim_keep_.push_back(std::int32_t(s));
+      if (trim_keep_.size() < pos.size()) compact_layer(ctx, l, trim_keep_);
+    }
+  }
 
   // Where the cache lives (kHostDevice on the CPU backend).
   int device() const { return positions_.device(); }
@@ -302,7 +361,10 @@ class KVCache {
   Tensor<std::int32_t, B> positions_;                      // [layers, kv_heads, capacity]
   std::vector<std::vector<std::int32_t>> host_positions_;  // [layers * kv_heads]
   std::vector<int> last_append_;
+  std::vector<int> windows_;            // per layer, 0 = global
+  std::vector<bool> evictable_;         // per layer
   std::vector<std::int32_t> repeated_;  // compact_layer's keep-set repeated per head
+  std::vector<std::int32_t> trim_keep_;  // trim_to_windows' keep-set
   QueryStatistics queries_;
   std::vector<float> query_scratch_;  // host copy of a chunk's queries (CUDA)
 };

@@ -10,6 +10,11 @@
 // head); the policy's own finest granularity caps the request (policy.granularity_for). Every
 // group keeps B slots, so the cache holds exactly B (+ chunk) slots per layer and head.
 //
+// What the budget counts: the slots of each evictable layer (KVCache::evictable). On a model
+// with local sliding-window layers (Gemma 3) those are the global layers; every eviction also
+// trims each local layer to its window (exact), so a local layer holds min(tokens, window)
+// (+ chunk) slots whatever the budget, and the bytes saved are the global layers' share.
+//
 // DecoderBatch steps several decoders of one model together (Transformer::forward_batch): the
 // weights stream once per step for all of them, and each then evicts on its own schedule.
 #include <algorithm>
@@ -116,7 +121,7 @@ class EvictingDecoder {
   }
   void evict_if_due() {
     if (mode_ == EvictionMode::decode && policy_.evicts() &&
-        std::int64_t(cache_.length()) >= std::int64_t(budget_tokens_) + budget_.chunk)
+        std::int64_t(cache_.evictable_length()) >= std::int64_t(budget_tokens_) + budget_.chunk)
       evict();
   }
 
@@ -124,7 +129,7 @@ class EvictingDecoder {
     evictions_ = 0;
     budget_tokens_ = budget_.resolve(n);
     cache_.set_observed_from(0);  // from now on every query is observed
-    if (policy_.evicts() && cache_.length() > budget_tokens_) evict();
+    if (policy_.evicts() && cache_.evictable_length() > budget_tokens_) evict();
     return logits_;
   }
 

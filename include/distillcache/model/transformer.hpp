@@ -41,7 +41,12 @@ enum class LogitsFor { last, all, none };
 
 // What a KV cache needs to know of a model.
 inline CacheShape cache_shape_of(const ModelConfig& c) {
-  return {c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.max_position};
+  CacheShape s{c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.max_position, {}};
+  bool windowed = false;
+  for (int l = 0; l < c.num_layers; ++l) windowed = windowed || c.window_of(l) > 0;
+  if (windowed)
+    for (int l = 0; l < c.num_layers; ++l) s.layer_windows.push_back(c.window_of(l));
+  return s;
 }
 
 template <Backend B, class W = float>
