@@ -118,11 +118,15 @@ TEST_CASE("an evicting decoder on Gemma evicts the global layer and trims the lo
     std::vector<float> want(got.size());
     model.forward(prompt_ids, oracle, want);
     CHECK(got == want);
-    std::vector<std::int32_t> keep;
-    const auto& before = oracle.host_positions(kGlobal);
-    for (std::int32_t p : dec.cache().host_positions(kGlobal))
-      keep.push_back(std::int32_t(std::find(before.begin(), before.end(), p) - before.begin()));
-    oracle.compact_layer(model.context(), kGlobal, keep);
+    // Gives the oracle's global layer the decoder's keep-set (its slots, found by position).
+    auto follow_decoder = [&] {
+      std::vector<std::int32_t> keep;
+      const auto& held = oracle.host_positions(kGlobal);
+      for (std::int32_t p : dec.cache().host_positions(kGlobal))
+        keep.push_back(std::int32_t(std::find(held.begin(), held.end(), p) - held.begin()));
+      oracle.compact_layer(model.context(), kGlobal, keep);
+    };
+    follow_decoder();
 
     int evictions = dec.evictions();
     for (int t = prompt; t < prompt + steps; ++t) {
@@ -136,13 +140,9 @@ TEST_CASE("an evicting decoder on Gemma evicts the global layer and trims the lo
       CHECK(dec.cache().evictable_length() <= budget + b.chunk);
       for (int l = 0; l < kLayers; ++l)
         if (l != kGlobal) CHECK(dec.cache().length(l) <= kWindow + b.chunk);
-      if (dec.evictions() > evictions) {  // follow the decoder's new global keep-set
+      if (dec.evictions() > evictions) {
         evictions = dec.evictions();
-        const auto& held = oracle.host_positions(kGlobal);
-        keep.clear();
-        for (std::int32_t p : dec.cache().host_positions(kGlobal))
-          keep.push_back(std::int32_t(std::find(held.begin(), held.end(), p) - held.begin()));
-        oracle.compact_layer(model.context(), kGlobal, keep);
+        follow_decoder();
       }
     }
     CHECK(dec.evictions() > 1);
