@@ -22,9 +22,10 @@
 // positions >= p accumulate (e.g. the last W prompt tokens); disable_statistics() stops it.
 //
 // Windowed layers (Gemma 3's local layers, CacheShape::layer_windows): a query at position p
-// sees only keys at positions > p - window there (math::attends), so once the newest position
-// is P no future query reaches a key at or before P - window. trim_to_windows() drops those
-// slots: exact, and the only way such a layer shrinks. Eviction policies choose keep-sets for
+// sees only keys at positions > p - window there (math::attends), so no future query (at
+// next_position() or later) reaches a key the next one does not. trim_to_windows() drops the
+// rest: exact, and the only way such a layer shrinks; a trimmed layer holds window - 1 slots,
+// to which the next token adds itself. Eviction policies choose keep-sets for
 // the evictable layers only (evictable()): the global ones, or every layer when all are
 // windowed (Mistral v0.1: the window is the model's own horizon, and eviction works under it;
 // those layers are then the policy's alone, not trimmed).
@@ -37,6 +38,7 @@
 #include "../core/copy.hpp"
 #include "../core/tensor.hpp"
 #include "../cpu/kv.hpp"
+#include "../math/attention_rules.hpp"
 #include "../math/features.hpp"
 #include "query_statistics.hpp"
 
@@ -135,11 +137,10 @@ class KVCache {
   }
 
   // Drops, in every windowed layer that is not evictable, the slots no future query can attend
-  // to (position <= next_position() - 1 - window). Exact: attention outputs are unchanged.
+  // to: those the next query (at next_position()) does not see. Exact: attention is unchanged.
   // Evictable windowed layers (every layer windowed) are left to the policy: their heads may
   // hold different keep-sets, which one uniform per-head trim could not cut to equal lengths.
   void trim_to_windows(const Context<B>& ctx) {
-    const int newest = next_position_ - 1;
     for (int l = 0; l < layers_; ++l) {
       const int w = windows_[std::size_t(l)];
       if (w == 0 || evictable_[std::size_t(l)]) continue;
@@ -148,7 +149,7 @@ class KVCache {
       const auto& pos = host_positions(l);
       trim_keep_.clear();
       for (std::size_t s = 0; s < pos.size(); ++s)
-        if (newest - pos[s] < w) trim_keep_.push_back(std::int32_t(s));
+        if (math::attends(next_position_, pos[s], w)) trim_keep_.push_back(std::int32_t(s));
       if (trim_keep_.size() < pos.size()) compact_layer(ctx, l, trim_keep_);
     }
   }

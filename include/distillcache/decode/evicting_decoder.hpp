@@ -12,7 +12,7 @@
 //
 // What the budget counts: the slots of each evictable layer (KVCache::evictable). On a model
 // with local sliding-window layers (Gemma 3) those are the global layers; every eviction also
-// trims each local layer to its window (exact), so a local layer holds min(tokens, window)
+// trims each local layer to its window (exact), so a local layer holds min(tokens, window - 1)
 // (+ chunk) slots whatever the budget, and the bytes saved are the global layers' share.
 //
 // DecoderBatch steps several decoders of one model together (Transformer::forward_batch): the
