@@ -157,7 +157,8 @@ int main(int argc, char** argv) {
   app.add_option("--budget", budgets_arg, "kept fractions of the prompt, e.g. 0.125,0.25,0.5")
       ->check(number_list());
   app.add_option("--policy", policies_arg, "policies: full,random,streaming,h2o,observed,snapkv,tova,knorm,expected,distillcache "
-                 "(the shipped learned policy),distillcache=PATH");
+                 "(the shipped learned policy),distillcache=PATH,oracle (the top-B of the continuation's own attention: "
+                 "an upper reference, prefill mode only)");
   app.add_option("--max-contexts", max_contexts, "contexts to evaluate")->check(integer_in(1, 1 << 20));
   app.add_option("--mode", mode_arg, "prefill: compress once; decode: also evict while decoding")
       ->check(CLI::IsMember({"prefill", "decode"}));
@@ -204,8 +205,16 @@ int main(int argc, char** argv) {
     DC_CHECK(!policy_names.empty(), "--policy: no policy given");
     std::vector<std::unique_ptr<dc::EvictionPolicy>> owned;
     std::vector<dc::EvictionPolicy*> policies;
+    dc::FutureAttentionOracle* oracle = nullptr;  // prepared with each context's continuation
     for (const auto& name : policy_names) {
-      owned.push_back(dc::make_policy(name, seed, DC_SHIPPED_POLICY));
+      if (name == "oracle") {
+        DC_CHECK(oracle == nullptr, "--policy: 'oracle' given twice");
+        auto o = std::make_unique<dc::FutureAttentionOracle>();
+        oracle = o.get();
+        owned.push_back(std::move(o));
+      } else {
+        owned.push_back(dc::make_policy(name, seed, DC_SHIPPED_POLICY));
+      }
       policies.push_back(owned.back().get());
     }
     std::vector<dc::Granularity> granularities;
@@ -237,6 +246,8 @@ int main(int argc, char** argv) {
     dc::HfModel m = dc::load_gguf_model(file);
     const dc::Tokenizer tokenizer(dc::tokenizer_data_from_gguf(file));
     const auto mode = mode_arg == "prefill" ? dc::EvictionMode::prefill : dc::EvictionMode::decode;
+    DC_CHECK(!oracle || (mode == dc::EvictionMode::prefill && tasks_arg.empty()), "--policy oracle: "
+             "the oracle reads the continuation it is scored on, so it runs only on --text in --mode prefill");
     if (!tasks_arg.empty()) {
       const auto task_names = split_list(tasks_arg);
       DC_CHECK(!task_names.empty(), "--task: no task given");
@@ -299,6 +310,7 @@ int main(int argc, char** argv) {
       for (std::size_t c = 0; c < windows.size(); ++c) {
         context_index = c;
         const std::span<const std::int32_t> w(windows[c]);
+        if (oracle) oracle->prepare(model, w.first(std::size_t(context)), w.subspan(std::size_t(context)), granularities);
         eval.add_context(w.first(std::size_t(context)), w.subspan(std::size_t(context)), [&](std::size_t i) {
           const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
           const std::size_t done = c * per_context + i, total = windows.size() * per_context;

@@ -79,6 +79,7 @@ int main(int argc, char** argv) {
   app.add_option("--init-target", init_target, "warm start: fit the scores to this combination of the "
                  "inputs before REINFORCE, e.g. alpha=2,position=8; the term h2o adds H2O's heavy-hitter score "
                  "(needs alpha and position) and, with the input budget_age, H2O's recent half of the budget; "
+                 "'future': each token's share of the attention the full-cache model's continuation pays it; "
                  "'none': no warm start)");
   app.add_option("--init-contexts", init_contexts, "warm start: training windows whose features it fits")
       ->check(integer_in(1, 4096));
@@ -177,7 +178,11 @@ int main(int argc, char** argv) {
         DC_CHECK(log, "--out: cannot append to '", log_path.string(), "'");
         log << line << '\n';
       };
-      if (trainer.step() == 0 && init_target != "none" && init_steps > 0) {
+      if (trainer.step() == 0 && init_target == "future" && init_steps > 0) {
+        const auto w = trainer.warm_start_future(init_contexts, init_steps, 1e-2f);
+        std::fprintf(stderr, "train: warm start (future attention of %d contexts) on %lld rows: cross-entropy %.4f -> %.4f\n",
+                     init_contexts, (long long)w.rows, w.initial_loss, w.final_loss);
+      } else if (trainer.step() == 0 && init_target != "none" && init_steps > 0) {
         std::vector<float> coefficients(policy.inputs().size(), 0.0f);
         // "h2o": H2O's heavy-hitter score in the policy's inputs (math::h2o_score_from_inputs).
         bool h2o = false;
@@ -217,7 +222,7 @@ int main(int argc, char** argv) {
           return t;
         }, init_steps, 1e-2f);
         std::fprintf(stderr, "train: warm start (%s) on %lld rows: MSE %.4f -> %.4f\n", init_target.c_str(),
-                     (long long)w.rows, w.initial_mse, w.final_mse);
+                     (long long)w.rows, w.initial_loss, w.final_loss);
       }
       if (trainer.step() == 0) {
         {

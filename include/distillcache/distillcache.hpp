@@ -30,6 +30,8 @@
 #include "policy/select.hpp"
 #include "eval/corpus.hpp"
 #include "eval/fidelity.hpp"
+#include "eval/future_attention.hpp"
+#include "eval/future_oracle.hpp"
 #include "eval/task_suite.hpp"
 #include "io/policy_checkpoint.hpp"
 #include "policy/mlp_policy.hpp"

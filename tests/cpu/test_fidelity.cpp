@@ -2,6 +2,7 @@
 // prefill adopted by EvictingDecoder behaves exactly like prefilling per policy.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 
@@ -85,4 +86,57 @@ TEST_CASE("adopting a shared prefill equals prefilling per policy") {
     CHECK_THROWS_WITH_AS(adopted.adopt_prefill(wrong, logits), doctest::Contains("observed queries from position 3"),
                          dc::Error);
   }
+}
+
+TEST_CASE("the future-attention oracle keeps each group's top-B of the continuation's attention, prefill only") {
+  dc::HfModel m = dc::load_hf_model(std::string(DC_FIXTURE_DIR) + "/tiny_llama_tied");
+  dc::Transformer<dc::cpu> model(m.config, std::move(m.weights), 8);
+  dc::SafetensorsFile file(std::string(DC_FIXTURE_DIR) + "/tiny_llama_tied/oracle.safetensors");
+  const auto ids = file.read_i32("tokens");
+  const std::span<const std::int32_t> prompt = std::span(ids).first(16), continuation = std::span(ids).subspan(16, 8);
+  const std::vector<dc::Granularity> granularities = {dc::Granularity::head, dc::Granularity::shared};
+  dc::FutureAttentionOracle oracle;
+  oracle.prepare(model, prompt, continuation, granularities);
+  auto cache = model.make_cache(16);
+  cache.set_observed_from(0);
+  model.forward(prompt, cache);
+  for (auto g : granularities) {
+    CAPTURE(dc::granularity_name(g));
+    const dc::TokenFeatures f = dc::gather_features(model.context(), cache, g);
+    const auto shares = dc::future_attention_shares(model, cache, f, continuation);
+    std::vector<float> scores(std::size_t(f.size));
+    oracle.score(f, 4, scores);
+    CHECK(scores == shares);
+  }
+  // Through the evaluator: the budget-8 students keep, per (layer, KV head), the 8 rows of largest share.
+  dc::FidelityEvaluator<dc::cpu, float> eval(model, {&oracle}, {dc::Budget::of_fraction(0.5)},
+                                             dc::EvictionMode::prefill, {dc::Granularity::head});
+  const dc::TokenFeatures f = dc::gather_features(model.context(), cache, dc::Granularity::head);
+  const auto shares = dc::future_attention_shares(model, cache, f, continuation);
+  eval.on_compressed([&](std::size_t, const dc::KVCache<dc::cpu>& kept) {
+    for (const dc::FeatureGroup& g : f.groups) {
+      const auto& positions = kept.host_positions(g.layer_begin, g.head_begin);
+      REQUIRE(positions.size() == 8);
+      float lowest_kept = INFINITY, highest_dropped = -INFINITY;
+      for (int r = g.row_begin; r < g.row_end; ++r) {
+        const bool in = std::find(positions.begin(), positions.end(), f.position[std::size_t(r)]) != positions.end();
+        (in ? lowest_kept : highest_dropped) = in ? std::min(lowest_kept, shares[std::size_t(r)])
+                                                  : std::max(highest_dropped, shares[std::size_t(r)]);
+      }
+      CHECK(lowest_kept >= highest_dropped);
+    }
+  });
+  eval.add_context(prompt, continuation, [](std::size_t) {});
+  CHECK(eval.total(0, 0, 0).steps == 8);
+
+  // Rows it was not prepared for (what a decode-mode eviction would ask about) are refused.
+  auto longer = model.make_cache(17);
+  longer.set_observed_from(0);
+  model.forward(std::span(ids).first(17), longer);
+  const dc::TokenFeatures other = dc::gather_features(model.context(), longer, dc::Granularity::head);
+  std::vector<float> scores(std::size_t(other.size));
+  CHECK_THROWS_WITH_AS(oracle.score(other, 4, scores), doctest::Contains("use --mode prefill"), dc::Error);
+  dc::FutureAttentionOracle unprepared;
+  std::vector<float> head_scores(std::size_t(f.size));
+  CHECK_THROWS_WITH_AS(unprepared.score(f, 4, head_scores), doctest::Contains("not prepared"), dc::Error);
 }

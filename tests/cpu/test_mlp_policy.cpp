@@ -214,6 +214,10 @@ TEST_CASE("budget_age: the token's age in budgets; H2O's recent half is the same
       for (int i = 1; i < n; ++i) CHECK(x[std::size_t(i - 1)] > x[std::size_t(i)]);
     }
     CHECK_THROWS_WITH_AS(dc::policy_inputs(f, age, 0), doctest::Contains("budget_age needs a budget"), dc::Error);
+    // log_age counts tokens: the same ages read the same at every length and budget.
+    const std::vector<dc::PolicyInput> log_age = {dc::PolicyInput::log_age};
+    const auto y = dc::policy_inputs(f, log_age, 0);
+    for (int a : {0, 1, 31, 199}) CHECK(y[std::size_t(n - 1 - a)] == doctest::Approx(std::log(double(a) + 1.0)));
   }
 }
 

@@ -15,15 +15,16 @@
 namespace dc {
 
 // The paper's five features, then optional ones: the newest query's mass (a second observation
-// window: the newest query alone, TOVA's signal) and the token's age in units of the budget
-// (what a recency window of H2O's kind is measured in).
-enum class PolicyInput : int { alpha = 0, value_norm, head_variance, entropy, position, last_alpha, budget_age };
-inline constexpr int kNumPolicyInputs = 7;
+// window: the newest query alone, TOVA's signal), the token's age in units of the budget
+// (what a recency window of H2O's kind is measured in) and its age in tokens (what attention's
+// locality is measured in).
+enum class PolicyInput : int { alpha = 0, value_norm, head_variance, entropy, position, last_alpha, budget_age, log_age };
+inline constexpr int kNumPolicyInputs = 8;
 inline constexpr const char* kPolicyNormalisation = "scale_free_v1";
 
 inline const char* policy_input_name(PolicyInput i) {
   constexpr std::array<const char*, kNumPolicyInputs> names = {
-      "alpha", "value_norm", "head_variance", "entropy", "position", "last_alpha", "budget_age"};
+      "alpha", "value_norm", "head_variance", "entropy", "position", "last_alpha", "budget_age", "log_age"};
   return names[std::size_t(i)];
 }
 
@@ -31,7 +32,7 @@ inline PolicyInput parse_policy_input(std::string_view name) {
   for (int i = 0; i < kNumPolicyInputs; ++i)
     if (name == policy_input_name(PolicyInput(i))) return PolicyInput(i);
   DC_FAIL("unknown policy input '", std::string(name),
-          "' (known: alpha, value_norm, head_variance, entropy, position, last_alpha, budget_age)");
+          "' (known: alpha, value_norm, head_variance, entropy, position, last_alpha, budget_age, log_age)");
 }
 
 inline std::vector<PolicyInput> paper_policy_inputs() {
@@ -75,6 +76,9 @@ inline std::vector<float> policy_inputs(const TokenFeatures& f, std::span<const 
             break;
           case PolicyInput::budget_age:
             row[j] = math::input_log_budget_age(f.latest_position - f.position[std::size_t(r)], budget);
+            break;
+          case PolicyInput::log_age:
+            row[j] = math::input_log_age(f.latest_position - f.position[std::size_t(r)]);
             break;
         }
       }

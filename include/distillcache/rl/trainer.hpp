@@ -35,6 +35,7 @@
 #include "../cpu/kl.hpp"
 #include "../decode/evicting_decoder.hpp"
 #include "../eval/fidelity.hpp"
+#include "../eval/future_attention.hpp"
 #include "policy_gradient.hpp"
 #include "reinforce.hpp"
 #include "sampled_eviction.hpp"
@@ -237,31 +238,60 @@ class ReinforceTrainer {
   template <class TargetOf>
   WarmStartResult warm_start_to(int contexts, TargetOf&& target_of, int steps, float lr,
                                 std::int64_t max_rows = 1 << 15) {
-    const auto& in = policy_.inputs();
-    DC_CHECK(contexts >= 1 && max_rows >= 1, "warm start: ", contexts, " contexts, ", max_rows, " rows");
-    const std::size_t k = in.size();
-    std::vector<float> all_inputs;
-    for (int c = 0; c < contexts && std::size_t(c) < windows_.size(); ++c) {
-      const auto prompt = std::span<const std::int32_t>(windows_[std::size_t(c)]).first(std::size_t(opt_.context));
-      auto cache = model_.make_cache(opt_.context);
-      cache.set_observed_from(policy_.observation_start(opt_.context));
-      model_.forward(prompt, cache);
-      const TokenFeatures f = gather_features(model_.context(), cache, opt_.granularity);
+    const std::size_t k = policy_.inputs().size();
+    std::vector<float> inputs, targets;
+    for_warm_start_contexts(contexts, [&](std::span<const std::int32_t>, const KVCache<B>&,
+                                          const TokenFeatures& f) {
       // The rows once per training budget: budget_age differs between them, the rest does not.
       for (double fraction : opt_.budgets) {
-        const auto x = policy_inputs(f, in, budget_of(fraction).resolve(opt_.context));
-        all_inputs.insert(all_inputs.end(), x.begin(), x.end());
+        const auto x = policy_inputs(f, policy_.inputs(), budget_of(fraction).resolve(opt_.context));
+        inputs.insert(inputs.end(), x.begin(), x.end());
+        for (std::size_t r = 0; r < x.size() / k; ++r)
+          targets.push_back(target_of(std::span<const float>(x.data() + r * k, k)));
       }
-    }
-    const std::int64_t rows = std::int64_t(all_inputs.size() / k);
-    const std::int64_t stride = std::max<std::int64_t>(1, (rows + max_rows - 1) / max_rows);
+    });
+    return fit_rows(inputs, targets, steps, lr, max_rows);
+  }
+
+  // Warm start to what the full-cache model reads next (eval/future_attention.hpp): in each group
+  // the softmax of the scores is fitted to the rows' shares of the continuation's attention
+  // (fit_policy_distributions: cross-entropy), on the first `contexts` training windows, whose
+  // continuations the teacher runs once more with statistics on. Whole groups are kept, evenly
+  // spaced, up to about max_rows rows; with budget_age among the inputs a group enters once per
+  // training budget (its inputs differ), otherwise once.
+  WarmStartResult warm_start_future(int contexts, int steps, float lr, std::int64_t max_rows = 1 << 16) {
+    DC_CHECK(max_rows >= 1, "warm start: ", max_rows, " rows");
+    const std::size_t k = policy_.inputs().size();
+    const auto& in = policy_.inputs();
+    const bool per_budget = std::find(in.begin(), in.end(), PolicyInput::budget_age) != in.end();
+    struct Group {
+      std::vector<float> inputs, shares;
+    };
+    std::vector<Group> groups;
+    for_warm_start_contexts(contexts, [&](std::span<const std::int32_t> continuation,
+                                          const KVCache<B>& cache, const TokenFeatures& f) {
+      const auto shares = future_attention_shares(model_, cache, f, continuation);
+      const std::size_t budgets = per_budget ? opt_.budgets.size() : 1;
+      for (std::size_t b = 0; b < budgets; ++b) {
+        const auto x = policy_inputs(f, in, budget_of(opt_.budgets[b]).resolve(opt_.context));
+        for (const FeatureGroup& g : f.groups)
+          groups.push_back({{x.begin() + std::ptrdiff_t(std::size_t(g.row_begin) * k),
+                             x.begin() + std::ptrdiff_t(std::size_t(g.row_end) * k)},
+                            {shares.begin() + g.row_begin, shares.begin() + g.row_end}});
+      }
+    });
+    DC_CHECK(!groups.empty(), "warm start: no group to fit");
+    std::int64_t all_rows = 0;
+    for (const Group& g : groups) all_rows += std::int64_t(g.shares.size());
+    const std::size_t stride = std::size_t(std::max<std::int64_t>(1, (all_rows + max_rows - 1) / max_rows));
     std::vector<float> inputs, targets;
-    for (std::int64_t r = 0; r < rows; r += stride) {
-      const std::span<const float> row(all_inputs.data() + std::size_t(r) * k, k);
-      inputs.insert(inputs.end(), row.begin(), row.end());
-      targets.push_back(target_of(row));
+    std::vector<std::int64_t> offsets = {0};
+    for (std::size_t g = 0; g < groups.size(); g += stride) {
+      inputs.insert(inputs.end(), groups[g].inputs.begin(), groups[g].inputs.end());
+      targets.insert(targets.end(), groups[g].shares.begin(), groups[g].shares.end());
+      offsets.push_back(std::int64_t(targets.size()));
     }
-    return fit_policy_scores(policy_, inputs, targets, steps, lr);
+    return fit_policy_distributions(policy_, inputs, offsets, targets, steps, lr);
   }
 
   // Mean KL of the policy's deterministic keep-sets on held-out windows, per budget (same
@@ -318,6 +348,37 @@ class ReinforceTrainer {
     Budget b = Budget::of_fraction(fraction);
     b.chunk = opt_.chunk;
     return b;
+  }
+
+  // Prefills the prompt of each of the first `contexts` training windows as the policy observes
+  // it and calls visit(continuation, cache, features at the training granularity).
+  template <class Visit>
+  void for_warm_start_contexts(int contexts, Visit&& visit) {
+    DC_CHECK(contexts >= 1, "warm start: ", contexts, " contexts");
+    for (int c = 0; c < contexts && std::size_t(c) < windows_.size(); ++c) {
+      const std::span<const std::int32_t> window(windows_[std::size_t(c)]);
+      auto cache = model_.make_cache(opt_.context);
+      cache.set_observed_from(policy_.observation_start(opt_.context));
+      model_.forward(window.first(std::size_t(opt_.context)), cache);
+      const TokenFeatures f = gather_features(model_.context(), cache, opt_.granularity);
+      visit(window.subspan(std::size_t(opt_.context)), cache, f);
+    }
+  }
+
+  // Fits the policy to targets on at most max_rows of the rows, taken evenly.
+  WarmStartResult fit_rows(const std::vector<float>& all_inputs, const std::vector<float>& all_targets,
+                           int steps, float lr, std::int64_t max_rows) {
+    DC_CHECK(max_rows >= 1, "warm start: ", max_rows, " rows");
+    const std::size_t k = policy_.inputs().size();
+    const std::int64_t rows = std::int64_t(all_targets.size());
+    const std::int64_t stride = std::max<std::int64_t>(1, (rows + max_rows - 1) / max_rows);
+    std::vector<float> inputs, targets;
+    for (std::int64_t r = 0; r < rows; r += stride) {
+      inputs.insert(inputs.end(), all_inputs.begin() + std::ptrdiff_t(std::size_t(r) * k),
+                    all_inputs.begin() + std::ptrdiff_t(std::size_t(r + 1) * k));
+      targets.push_back(all_targets[std::size_t(r)]);
+    }
+    return fit_policy_scores(policy_, inputs, targets, steps, lr);
   }
 
   struct Teacher {

@@ -14,12 +14,13 @@
 
 #include "../cpu/adam.hpp"
 #include "../cpu/mlp.hpp"
+#include "../math/softmax.hpp"
 #include "../policy/mlp_policy.hpp"
 
 namespace dc {
 
 struct WarmStartResult {
-  double initial_mse = 0.0, final_mse = 0.0;
+  double initial_loss = 0.0, final_loss = 0.0;  // mean squared error, or cross-entropy (nats)
   std::int64_t rows = 0;
 };
 
@@ -48,16 +49,93 @@ inline WarmStartResult fit_policy_scores(MlpPolicy& policy, std::span<const floa
   };
   WarmStartResult r;
   r.rows = n;
-  r.initial_mse = mse();
+  r.initial_loss = mse();
   AdamHyper hyper;
   hyper.lr = lr;
   for (int t = 1; t <= steps; ++t) {
     std::fill(grad.begin(), grad.end(), 0.0f);
     mlp_backward(host, L, policy.params().data(), inputs.data(), saved.data(), dscores.data(), n, grad.data());
     adam_update(host, policy.params().data(), grad.data(), m.data(), v.data(), std::int64_t(params), hyper, t);
-    r.final_mse = mse();
+    r.final_loss = mse();
   }
-  if (steps == 0) r.final_mse = r.initial_mse;
+  if (steps == 0) r.final_loss = r.initial_loss;
+  return r;
+}
+
+// Listwise: the softmax of the scores over each group's rows is fitted to a target distribution
+// over them by cross-entropy, -1/G sum_g sum_i p_i log softmax(s_g)_i, full-batch Adam.
+//
+// Why not squared error on a score: which rows a keep-set holds depends on the order of the
+// scores at the top of each group, and the cost of evicting a row grows with its target mass
+// (here the share of the continuation's attention it draws, eval/future_attention.hpp). Squared
+// error on log-mass spends the fit on the many rows of near-zero mass, whose order changes
+// nothing; the cross-entropy weighs each row by its target mass. It is also the Plackett-Luce
+// model's own first pick (rl/plackett_luce.hpp): softmax(s) is the probability that a row is
+// picked first, so REINFORCE starts from a sampler whose first pick follows the target.
+// inputs: [rows, policy inputs]; group_offsets: G + 1 row offsets (0 first, rows last);
+// targets: [rows], summing to 1 over each group (a group of zero mass is skipped).
+inline WarmStartResult fit_policy_distributions(MlpPolicy& policy, std::span<const float> inputs,
+                                                std::span<const std::int64_t> group_offsets,
+                                                std::span<const float> targets, int steps, float lr) {
+  const MlpLayout& L = policy.layout();
+  const std::int64_t n = std::int64_t(targets.size());
+  DC_CHECK(n > 0 && std::int64_t(inputs.size()) == n * L.inputs, "warm start: ", inputs.size(),
+           " inputs for ", n, " targets of ", L.inputs, " inputs each");
+  DC_CHECK(group_offsets.size() >= 2 && group_offsets.front() == 0 && group_offsets.back() == n,
+           "warm start: group offsets must run from 0 to the ", n, " rows");
+  DC_CHECK(steps >= 0, "warm start: negative step count ", steps);
+  const Context<cpu> host;
+  const auto rows = static_cast<std::size_t>(n);
+  const std::size_t params = policy.params().size();
+  std::vector<float> scores(rows), saved(rows * std::size_t(L.saved_per_row())), dscores(rows),
+      grad(params), m(params, 0.0f), v(params, 0.0f);
+  std::size_t groups = 0;
+  for (std::size_t g = 0; g + 1 < group_offsets.size(); ++g) {
+    DC_CHECK(group_offsets[g] <= group_offsets[g + 1], "warm start: group offsets must not decrease");
+    double mass = 0.0;
+    for (std::int64_t i = group_offsets[g]; i < group_offsets[g + 1]; ++i) {
+      DC_CHECK(targets[std::size_t(i)] >= 0.0f, "warm start: negative target ", targets[std::size_t(i)]);
+      mass += double(targets[std::size_t(i)]);
+    }
+    groups += mass > 0.0 ? 1 : 0;
+  }
+  DC_CHECK(groups > 0, "warm start: every group's target mass is zero");
+  auto cross_entropy = [&]() {
+    mlp_forward(host, L, policy.params().data(), inputs.data(), n, scores.data(), saved.data());
+    double loss = 0.0;
+    for (std::size_t g = 0; g + 1 < group_offsets.size(); ++g) {
+      const auto b = std::size_t(group_offsets[g]), e = std::size_t(group_offsets[g + 1]);
+      math::OnlineSoftmax z;
+      double mass = 0.0;
+      for (std::size_t i = b; i < e; ++i) {
+        z.push(scores[i]);
+        mass += double(targets[i]);
+      }
+      const float lse = z.log_sum_exp();
+      for (std::size_t i = b; i < e; ++i) {
+        if (mass <= 0.0) {
+          dscores[i] = 0.0f;
+          continue;
+        }
+        const double p = double(targets[i]) / mass;
+        loss -= p * double(scores[i] - lse);
+        dscores[i] = float((double(expf(scores[i] - lse)) - p) / double(groups));  // d/ds of CE
+      }
+    }
+    return loss / double(groups);
+  };
+  WarmStartResult r;
+  r.rows = n;
+  r.initial_loss = cross_entropy();
+  AdamHyper hyper;
+  hyper.lr = lr;
+  for (int t = 1; t <= steps; ++t) {
+    std::fill(grad.begin(), grad.end(), 0.0f);
+    mlp_backward(host, L, policy.params().data(), inputs.data(), saved.data(), dscores.data(), n, grad.data());
+    adam_update(host, policy.params().data(), grad.data(), m.data(), v.data(), std::int64_t(params), hyper, t);
+    r.final_loss = cross_entropy();
+  }
+  if (steps == 0) r.final_loss = r.initial_loss;
   return r;
 }
 
