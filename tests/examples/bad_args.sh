@@ -248,6 +248,8 @@ bad "--max-contexts 0"                    eval 2 "--max-contexts"        -- "${E
 bad "--mode bogus"                        eval 2 "--mode"                -- "${E[@]}" --mode both
 bad "--dtype bogus"                       eval 2 "--dtype"               -- "${E[@]}" --dtype f64
 bad "--chunk 0"                           eval 2 "--chunk"               -- "${E[@]}" --chunk 0
+bad "--policy oracle in decode mode"      eval 1 "runs only on --text in --mode prefill" -- "${E[@]}" --policy oracle --mode decode
+bad "--policy oracle twice"              eval 1 "given twice"           -- "${E[@]}" --policy oracle,oracle --mode prefill
 bad "--sink negative"                     eval 2 "--sink"                -- "${E[@]}" --sink -1
 bad "--recent negative"                   eval 2 "--recent"              -- "${E[@]}" --recent -1
 bad "--sink + --recent above the budget"  eval 1 "exceed the budget"     -- "${E[@]}" --budget 0.5 --sink 4 --recent 5
