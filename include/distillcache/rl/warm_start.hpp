@@ -24,11 +24,14 @@ struct WarmStartResult {
   std::int64_t rows = 0;
 };
 
-// inputs: [rows, policy inputs]; targets: [rows]. Full-batch Adam for `steps` steps.
-inline WarmStartResult fit_policy_scores(MlpPolicy& policy, std::span<const float> inputs,
-                                         std::span<const float> targets, int steps, float lr) {
+namespace detail {
+
+// Full-batch Adam on the MLP's scores of n rows for `steps` steps: loss(scores, dscores) returns
+// the loss of the scores and writes d loss / d score into dscores.
+template <class Loss>
+WarmStartResult fit_scores(MlpPolicy& policy, std::span<const float> inputs, std::int64_t n, int steps,
+                           float lr, Loss&& loss) {
   const MlpLayout& L = policy.layout();
-  const std::int64_t n = std::int64_t(targets.size());
   DC_CHECK(n > 0 && std::int64_t(inputs.size()) == n * L.inputs, "warm start: ", inputs.size(),
            " inputs for ", n, " targets of ", L.inputs, " inputs each");
   DC_CHECK(steps >= 0, "warm start: negative step count ", steps);
@@ -37,29 +40,39 @@ inline WarmStartResult fit_policy_scores(MlpPolicy& policy, std::span<const floa
   const std::size_t params = policy.params().size();
   std::vector<float> scores(rows), saved(rows * std::size_t(L.saved_per_row())), dscores(rows),
       grad(params), m(params, 0.0f), v(params, 0.0f);
-  auto mse = [&]() {
+  auto evaluate = [&]() {
     mlp_forward(host, L, policy.params().data(), inputs.data(), n, scores.data(), saved.data());
-    double s = 0.0;
-    for (std::size_t i = 0; i < rows; ++i) {
-      const double d = double(scores[i]) - double(targets[i]);
-      s += d * d;
-      dscores[i] = float(2.0 * d / double(n));
-    }
-    return s / double(n);
+    return loss(std::span<const float>(scores), std::span<float>(dscores));
   };
   WarmStartResult r;
   r.rows = n;
-  r.initial_loss = mse();
+  r.initial_loss = r.final_loss = evaluate();
   AdamHyper hyper;
   hyper.lr = lr;
   for (int t = 1; t <= steps; ++t) {
     std::fill(grad.begin(), grad.end(), 0.0f);
     mlp_backward(host, L, policy.params().data(), inputs.data(), saved.data(), dscores.data(), n, grad.data());
     adam_update(host, policy.params().data(), grad.data(), m.data(), v.data(), std::int64_t(params), hyper, t);
-    r.final_loss = mse();
+    r.final_loss = evaluate();
   }
-  if (steps == 0) r.final_loss = r.initial_loss;
   return r;
+}
+
+}  // namespace detail
+
+// Squared error: inputs [rows, policy inputs]; targets [rows].
+inline WarmStartResult fit_policy_scores(MlpPolicy& policy, std::span<const float> inputs,
+                                         std::span<const float> targets, int steps, float lr) {
+  const std::int64_t n = std::int64_t(targets.size());
+  return detail::fit_scores(policy, inputs, n, steps, lr, [&](std::span<const float> scores, std::span<float> dscores) {
+    double s = 0.0;
+    for (std::size_t i = 0; i < targets.size(); ++i) {
+      const double d = double(scores[i]) - double(targets[i]);
+      s += d * d;
+      dscores[i] = float(2.0 * d / double(n));
+    }
+    return s / double(n);
+  });
 }
 
 // Listwise: the softmax of the scores over each group's rows is fitted to a target distribution
@@ -77,66 +90,39 @@ inline WarmStartResult fit_policy_scores(MlpPolicy& policy, std::span<const floa
 inline WarmStartResult fit_policy_distributions(MlpPolicy& policy, std::span<const float> inputs,
                                                 std::span<const std::int64_t> group_offsets,
                                                 std::span<const float> targets, int steps, float lr) {
-  const MlpLayout& L = policy.layout();
   const std::int64_t n = std::int64_t(targets.size());
-  DC_CHECK(n > 0 && std::int64_t(inputs.size()) == n * L.inputs, "warm start: ", inputs.size(),
-           " inputs for ", n, " targets of ", L.inputs, " inputs each");
   DC_CHECK(group_offsets.size() >= 2 && group_offsets.front() == 0 && group_offsets.back() == n,
            "warm start: group offsets must run from 0 to the ", n, " rows");
-  DC_CHECK(steps >= 0, "warm start: negative step count ", steps);
-  const Context<cpu> host;
-  const auto rows = static_cast<std::size_t>(n);
-  const std::size_t params = policy.params().size();
-  std::vector<float> scores(rows), saved(rows * std::size_t(L.saved_per_row())), dscores(rows),
-      grad(params), m(params, 0.0f), v(params, 0.0f);
+  std::vector<double> mass(group_offsets.size() - 1, 0.0);  // per group: the target's total
   std::size_t groups = 0;
-  for (std::size_t g = 0; g + 1 < group_offsets.size(); ++g) {
+  for (std::size_t g = 0; g < mass.size(); ++g) {
     DC_CHECK(group_offsets[g] <= group_offsets[g + 1], "warm start: group offsets must not decrease");
-    double mass = 0.0;
     for (std::int64_t i = group_offsets[g]; i < group_offsets[g + 1]; ++i) {
       DC_CHECK(targets[std::size_t(i)] >= 0.0f, "warm start: negative target ", targets[std::size_t(i)]);
-      mass += double(targets[std::size_t(i)]);
+      mass[g] += double(targets[std::size_t(i)]);
     }
-    groups += mass > 0.0 ? 1 : 0;
+    groups += mass[g] > 0.0 ? 1 : 0;
   }
   DC_CHECK(groups > 0, "warm start: every group's target mass is zero");
-  auto cross_entropy = [&]() {
-    mlp_forward(host, L, policy.params().data(), inputs.data(), n, scores.data(), saved.data());
+  return detail::fit_scores(policy, inputs, n, steps, lr, [&](std::span<const float> scores, std::span<float> dscores) {
     double loss = 0.0;
-    for (std::size_t g = 0; g + 1 < group_offsets.size(); ++g) {
+    for (std::size_t g = 0; g < mass.size(); ++g) {
       const auto b = std::size_t(group_offsets[g]), e = std::size_t(group_offsets[g + 1]);
-      math::OnlineSoftmax z;
-      double mass = 0.0;
-      for (std::size_t i = b; i < e; ++i) {
-        z.push(scores[i]);
-        mass += double(targets[i]);
+      if (mass[g] <= 0.0) {  // nothing to fit: no gradient either
+        std::fill(dscores.begin() + std::ptrdiff_t(b), dscores.begin() + std::ptrdiff_t(e), 0.0f);
+        continue;
       }
+      math::OnlineSoftmax z;
+      for (std::size_t i = b; i < e; ++i) z.push(scores[i]);
       const float lse = z.log_sum_exp();
       for (std::size_t i = b; i < e; ++i) {
-        if (mass <= 0.0) {
-          dscores[i] = 0.0f;
-          continue;
-        }
-        const double p = double(targets[i]) / mass;
+        const double p = double(targets[i]) / mass[g];
         loss -= p * double(scores[i] - lse);
-        dscores[i] = float((double(expf(scores[i] - lse)) - p) / double(groups));  // d/ds of CE
+        dscores[i] = float((double(expf(scores[i] - lse)) - p) / double(groups));  // d CE / d s
       }
     }
     return loss / double(groups);
-  };
-  WarmStartResult r;
-  r.rows = n;
-  r.initial_loss = cross_entropy();
-  AdamHyper hyper;
-  hyper.lr = lr;
-  for (int t = 1; t <= steps; ++t) {
-    std::fill(grad.begin(), grad.end(), 0.0f);
-    mlp_backward(host, L, policy.params().data(), inputs.data(), saved.data(), dscores.data(), n, grad.data());
-    adam_update(host, policy.params().data(), grad.data(), m.data(), v.data(), std::int64_t(params), hyper, t);
-    r.final_loss = cross_entropy();
-  }
-  if (steps == 0) r.final_loss = r.initial_loss;
-  return r;
+  });
 }
 
 }  // namespace dc
