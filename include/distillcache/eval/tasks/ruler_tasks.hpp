@@ -265,7 +265,14 @@ inline std::pair<std::string, std::vector<std::string>> cwe_list(std::size_t siz
   }
   rng.shuffle(list);
   std::string text;
-  for (std::size_t i = 0; i < list.size(); ++i) text += (i ? " " : "") + std::to_string(i + 1) + ". " + list[i];
+  // Appended piece by piece: GCC 12 reports a false -Wrestrict in `"literal" + std::string&&`
+  // (operator+ inserts at 0) when it inlines it, which depends on what else the TU includes.
+  for (std::size_t i = 0; i < list.size(); ++i) {
+    text += i ? " " : "";
+    text += std::to_string(i + 1);
+    text += ". ";
+    text += list[i];
+  }
   return {text, answers};
 }
 
@@ -284,7 +291,12 @@ inline TaskText cwe_text(std::size_t size, int length, TaskRng& rng, const TaskR
   const std::string question = "Question: What are the 10 most common words in the above list?";
   const std::string prefix = " Answer: The top 10 words that appear most often in the list are:";
   std::string solved;
-  for (std::size_t i = 0; i < example_answers.size(); ++i) solved += " " + std::to_string(i + 1) + ". " + example_answers[i];
+  for (std::size_t i = 0; i < example_answers.size(); ++i) {  // piece by piece: see cwe_list
+    solved += " ";
+    solved += std::to_string(i + 1);
+    solved += ". ";
+    solved += example_answers[i];
+  }
   TaskText out;
   out.context = intro + example + "\n" + question + prefix + solved + "\n" + intro + list + "\n";
   out.question = question;
