@@ -71,10 +71,26 @@ void smollm2_decode_batch_bf16(benchmark::State& state) {
   dc_bench::run_decode_batch(state, dc_bench::smollm2_model<dc::bf16>(64));
 }
 
+// Decode and batched decode with the GGUF's own quantized blocks (integer dot products).
+void smollm2_decode_gguf(benchmark::State& state) {
+  dc_bench::run_decode(state, dc_bench::smollm2_model<dc::quantized>(1));
+}
+void smollm2_decode_batch_gguf(benchmark::State& state) {
+  dc_bench::run_decode_batch(state, dc_bench::smollm2_model<dc::quantized>(64));
+}
+// The same with a bf16 KV cache: half the bytes attention reads per token.
+void smollm2_decode_gguf_kv_bf16(benchmark::State& state) {
+  dc_bench::run_decode(state, dc_bench::smollm2_model<dc::quantized>(1), -1, dc::DType::bf16);
+}
+void smollm2_decode_batch_gguf_kv_bf16(benchmark::State& state) {
+  dc_bench::run_decode_batch(state, dc_bench::smollm2_model<dc::quantized>(64), dc::DType::bf16);
+}
+
 // Prefill of a whole context in chunks of 64: tokens/s over the context.
-void smollm2_prefill(benchmark::State& state) {
+template <class W>
+void prefill_context(benchmark::State& state) {
   const int context = int(state.range(0));
-  auto& model = dc_bench::smollm2_model(64);
+  auto& model = dc_bench::smollm2_model<W>(64);
   auto cache = model.make_cache(context);
   std::vector<std::int32_t> tokens(static_cast<std::size_t>(context));
   for (int i = 0; i < context; ++i) tokens[std::size_t(i)] = 100 + (i * 7919) % 40000;
@@ -86,6 +102,8 @@ void smollm2_prefill(benchmark::State& state) {
   state.counters["tokens_per_s"] =
       benchmark::Counter(double(state.iterations()) * context, benchmark::Counter::kIsRate);
 }
+void smollm2_prefill(benchmark::State& state) { prefill_context<float>(state); }
+void smollm2_prefill_gguf(benchmark::State& state) { prefill_context<dc::quantized>(state); }
 
 }  // namespace
 
@@ -96,7 +114,18 @@ BENCHMARK(smollm2_decode_batch_bf16)
     ->ArgNames({"sequences", "cached"})
     ->ArgsProduct({{1, 4, 16}, {512, 2048, 8191}})
     ->Unit(benchmark::kMillisecond);
+BENCHMARK(smollm2_decode_gguf)->Arg(512)->Arg(2048)->Arg(8191)->Unit(benchmark::kMillisecond);
+BENCHMARK(smollm2_decode_batch_gguf)
+    ->ArgNames({"sequences", "cached"})
+    ->ArgsProduct({{1, 4, 16}, {512, 2048, 8191}})
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(smollm2_decode_gguf_kv_bf16)->Arg(512)->Arg(2048)->Arg(8191)->Unit(benchmark::kMillisecond);
+BENCHMARK(smollm2_decode_batch_gguf_kv_bf16)
+    ->ArgNames({"sequences", "cached"})
+    ->ArgsProduct({{1, 4, 16}, {512, 2048, 8191}})
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK(smollm2_prefill)->Arg(512)->Arg(2048)->Arg(8192)->Unit(benchmark::kMillisecond)->Iterations(1);
+BENCHMARK(smollm2_prefill_gguf)->Arg(512)->Arg(2048)->Arg(8192)->Unit(benchmark::kMillisecond)->Iterations(1);
 
 BENCHMARK_CAPTURE(decode_step, tiny, dc_bench::tiny_config)->Arg(128)->Arg(1024)->Arg(8192);
 BENCHMARK_CAPTURE(prefill_chunk, tiny, dc_bench::tiny_config)->Arg(64)->Arg(512);

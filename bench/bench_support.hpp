@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -21,11 +22,14 @@ inline void fill_cache(dc::KVCache<dc::cpu>& cache, int context) {
   std::uint64_t s = 7;
   for (int l = 0; l < cache.num_layers(); ++l) {
     const std::size_t n = std::size_t(cache.num_kv_heads()) * cache.capacity() * cache.head_dim();
-    for (std::size_t i = 0; i < n; ++i) {
-      s = s * 6364136223846793005ull + 1442695040888963407ull;
-      cache.keys(l)[i] = float(s >> 40) * 0x1p-24f - 0.5f;
-      cache.values(l)[i] = float(s >> 41) * 0x1p-23f - 0.5f;
-    }
+    cache.with_kv(l, [&](auto* keys, auto* values) {  // fp32 or bf16 storage
+      using T = std::remove_pointer_t<decltype(keys)>;
+      for (std::size_t i = 0; i < n; ++i) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        keys[i] = dc::from_float<T>(float(s >> 40) * 0x1p-24f - 0.5f);
+        values[i] = dc::from_float<T>(float(s >> 41) * 0x1p-23f - 0.5f);
+      }
+    });
     // Statistics differ per KV head and slot, so per-head policies choose different keep-sets
     // (with all-equal statistics every head would pick the same slots and compaction less).
     const std::size_t rows = std::size_t(cache.num_kv_heads()) * cache.stat_rows() * cache.capacity();
@@ -37,7 +41,8 @@ inline void fill_cache(dc::KVCache<dc::cpu>& cache, int context) {
 }
 
 // The real SmolLM2-135M from $DC_SMOLLM2_GGUF or the fetch cache, dequantized to fp32 and, for
-// W = bf16, rounded to bf16 matrices (half the bytes per decode step).
+// W = bf16, rounded to bf16 matrices (half the bytes per decode step); W = dc::quantized keeps
+// the file's own blocks (Q4_1 layers, Q8_0 embedding: 0.6 and 1.06 bytes per weight).
 template <class W = float>
 dc::Transformer<dc::cpu, W>& smollm2_model(int max_chunk) {
   static std::vector<std::pair<int, std::unique_ptr<dc::Transformer<dc::cpu, W>>>> models;
@@ -47,18 +52,27 @@ dc::Transformer<dc::cpu, W>& smollm2_model(int max_chunk) {
   if (const char* p = std::getenv("DC_SMOLLM2_GGUF"); p && *p) path = p;
   else path = std::filesystem::path(std::getenv("HOME") ? std::getenv("HOME") : "/") /
               ".cache/distillcache/SmolLM2-135M-Instruct.Q4_1.gguf";
-  dc::HfModel m = dc::load_gguf_model(path);
-  models.emplace_back(max_chunk, std::make_unique<dc::Transformer<dc::cpu, W>>(
-                                     m.config, dc::convert_host_weights<W>(std::move(m.weights)), max_chunk));
+  if constexpr (std::is_same_v<W, dc::quantized>) {
+    const dc::GgufFile file(path);
+    const dc::ModelConfig config = dc::gguf_model_config(file);
+    models.emplace_back(max_chunk, std::make_unique<dc::Transformer<dc::cpu, W>>(
+                                       config, dc::load_gguf_quantized_weights(file, config), max_chunk));
+  } else {
+    dc::HfModel m = dc::load_gguf_model(path);
+    models.emplace_back(max_chunk, std::make_unique<dc::Transformer<dc::cpu, W>>(
+                                       m.config, dc::convert_host_weights<W>(std::move(m.weights)), max_chunk));
+  }
   return *models.back().second;
 }
 
 // One decode step at state.range(0) cached tokens, rewound after each iteration.
 // Statistics: -1 leaves the cache's default (off), 0 disables, 1 observes every query.
+// kv_type: how the cache stores K and V.
 template <class W>
-void run_decode(benchmark::State& state, dc::Transformer<dc::cpu, W>& model, int statistics = -1) {
+void run_decode(benchmark::State& state, dc::Transformer<dc::cpu, W>& model, int statistics = -1,
+                dc::DType kv_type = dc::DType::f32) {
   const int context = int(state.range(0));
-  auto cache = model.make_cache(context + 1);
+  auto cache = model.make_cache(context + 1, kv_type);
   fill_cache(cache, context);
   if (statistics == 1) cache.set_observed_from(0);
   if (statistics == 0) cache.disable_statistics();
@@ -76,12 +90,13 @@ void run_decode(benchmark::State& state, dc::Transformer<dc::cpu, W>& model, int
 // holding state.range(1) cached tokens (its own cache), rewound after each iteration.
 // tokens_per_s counts every sequence's token; per_sequence_tokens_per_s is one sequence's rate.
 template <class W>
-void run_decode_batch(benchmark::State& state, dc::Transformer<dc::cpu, W>& model) {
+void run_decode_batch(benchmark::State& state, dc::Transformer<dc::cpu, W>& model,
+                      dc::DType kv_type = dc::DType::f32) {
   const int sequences = int(state.range(0)), length = int(state.range(1));
   std::vector<dc::KVCache<dc::cpu>> caches;
   std::vector<dc::KVCache<dc::cpu>*> batch;
   for (int s = 0; s < sequences; ++s) {
-    caches.push_back(model.make_cache(length + 1));
+    caches.push_back(model.make_cache(length + 1, kv_type));
     fill_cache(caches.back(), length);
   }
   for (auto& c : caches) batch.push_back(&c);

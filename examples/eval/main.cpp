@@ -28,6 +28,7 @@
 #include <distillcache/distillcache.hpp>
 
 #include "../common/cli.hpp"
+#include "../common/weights.hpp"
 
 namespace {
 
@@ -147,7 +148,7 @@ int main(int argc, char** argv) {
   CLI::App app{"Fidelity of evicted KV caches against the full cache (distillcache)."};
   std::string model_path, text_path, csv_path, budgets_arg = "0.125,0.25,0.5",
                                                 policies_arg = "random,streaming,h2o,snapkv,tova,knorm",
-                                                mode_arg = "decode", dtype = "f32";
+                                                mode_arg = "decode", dtype = "f32", kv_dtype_arg = "f32";
   int context = 1024, continuation = 32, max_contexts = 8, chunk = 16, sink = 0, recent = 0, batch = 16;
   std::uint64_t seed = 0;
   app.add_option("--model", model_path, "GGUF model file")->required();
@@ -176,8 +177,10 @@ int main(int argc, char** argv) {
   app.add_option("--granularity", granularities_arg,
                  "keep-sets, comma-separated: shared (one for the cache), layer (one per layer), "
                  "head (one per layer and KV head)");
-  app.add_option("--dtype", dtype, "weight storage: f32 or bf16 (faster; teacher and students alike)")
-      ->check(CLI::IsMember({"f32", "bf16"}));
+  app.add_option("--dtype", dtype, std::string(kWeightDtypeHelp) + " (teacher and students alike)")
+      ->check(CLI::IsMember(kWeightDtypes));
+  app.add_option("--kv-dtype", kv_dtype_arg, std::string(kKvDtypeHelp) + " (teacher and students alike)")
+      ->check(CLI::IsMember(kKvDtypes));
   std::string tasks_arg, lengths_arg = "1024", protocol_arg = "query-agnostic", chat_arg = "auto",
               words_path = dc::tasks::WordList::kDefaultPath, haystack_path = dc::tasks::kDefaultEssayPath,
               answers_path;
@@ -261,21 +264,22 @@ int main(int argc, char** argv) {
       DC_CHECK(!lengths.empty(), "--lengths: no length given");
       auto run = [&]<class W>(dc::Weights<dc::cpu, W> weights) -> int {
         dc::Transformer<dc::cpu, W> model(m.config, std::move(weights), 64);
+        model.set_kv_type(kv_dtype(kv_dtype_arg));
         return run_tasks(model, tokenizer, file, task_names, lengths, samples, policy_names, policies, budgets,
                          fractions, granularities, mode, dc::parse_protocol(protocol_arg), chat_arg, words_path,
                          haystack_path, seed, batch, csv_path, answers_path);
       };
-      if (dtype == "bf16") return run(dc::convert_host_weights<dc::bf16>(std::move(m.weights)));
-      return run(std::move(m.weights));
+      return with_cpu_weights(dtype, model_path, m, run);
     }
     DC_CHECK(context + continuation <= m.config.max_position, "--context + --continuation = ",
              context + continuation, " exceeds the model's context of ", m.config.max_position);
     const auto windows = dc::token_windows(tokenizer, text_path, context + continuation, max_contexts);
     DC_CHECK(!windows.empty(), "no file in ", text_path, " has ", context + continuation, " tokens");
 
-    // The teacher (full cache) and every student run on the same weights, f32 or bf16.
+    // The teacher (full cache) and every student run on the same weights (--dtype).
     auto run = [&]<class W>(dc::Weights<dc::cpu, W> weights) -> int {
       dc::Transformer<dc::cpu, W> model(m.config, std::move(weights), 64);
+      model.set_kv_type(kv_dtype(kv_dtype_arg));
       dc::FidelityEvaluator<dc::cpu, W> eval(model, policies, budgets, mode, granularities);
       eval.set_max_batch(std::size_t(batch));
       const auto start = std::chrono::steady_clock::now();
@@ -355,7 +359,6 @@ int main(int argc, char** argv) {
       }
       return 0;
     };
-    if (dtype == "bf16") return run(dc::convert_host_weights<dc::bf16>(std::move(m.weights)));
-    return run(std::move(m.weights));
+    return with_cpu_weights(dtype, model_path, m, run);
   });
 }

@@ -13,6 +13,7 @@
 #include <distillcache/distillcache.hpp>
 
 #include "../common/cli.hpp"
+#include "../common/weights.hpp"
 #include "generation.hpp"
 #include "options.hpp"
 #include "report.hpp"
@@ -23,19 +24,19 @@ template <class W>
 int run_cpu_as(dc::Weights<dc::cpu, W> weights, const dc::ModelConfig& config,
                const GenerateOptions& opt, const dc::Tokenizer* tokenizer) {
   dc::Transformer<dc::cpu, W> transformer(config, std::move(weights), opt.max_chunk);
+  transformer.set_kv_type(kv_dtype(opt.kv_dtype));
   const auto policy = make_policy(opt);
   const auto result = generate(transformer, opt.prompt, opt.max_new_tokens, opt.sampling, opt.seed,
                                stop_token(tokenizer), *policy, make_budget(opt),
                                opt.granularity);
-  print_result(result, opt.dtype == "bf16" ? "cpu (bf16 weights)" : "cpu (f32 weights)", tokenizer);
+  print_result(result, ("cpu (" + weight_dtype_label(opt.dtype) + ")").c_str(), tokenizer);
   return 0;
 }
 
 int run_cpu(dc::HfModel model, const GenerateOptions& opt, const dc::Tokenizer* tokenizer) {
-  if (opt.dtype == "bf16")
-    return run_cpu_as(dc::convert_host_weights<dc::bf16>(std::move(model.weights)), model.config, opt,
-                      tokenizer);
-  return run_cpu_as(std::move(model.weights), model.config, opt, tokenizer);
+  return with_cpu_weights(opt.dtype, opt.model_path, model, [&]<class W>(dc::Weights<dc::cpu, W> weights) {
+    return run_cpu_as(std::move(weights), model.config, opt, tokenizer);
+  });
 }
 
 std::vector<std::int32_t> parse_token_list(const std::string& text) {
@@ -79,8 +80,8 @@ int main(int argc, char** argv) {
       ->check(integer_in(0, std::numeric_limits<int>::max()));
   app.add_option("--seed", opt.seed, "sampling seed")->check(unsigned_integer());
   app.add_option("--device", opt.device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
-  app.add_option("--dtype", opt.dtype, "weight storage: f32 or bf16 (half the bytes per token)")
-      ->check(CLI::IsMember({"f32", "bf16"}));
+  app.add_option("--dtype", opt.dtype, kWeightDtypeHelp)->check(CLI::IsMember(kWeightDtypes));
+  app.add_option("--kv-dtype", opt.kv_dtype, kKvDtypeHelp)->check(CLI::IsMember(kKvDtypes));
   app.add_option("--max-chunk", opt.max_chunk, "prefill chunk size")->check(integer_in(1, 8192));
   std::string granularity = "shared";
   app.add_option("--policy", opt.policy,
@@ -97,6 +98,10 @@ int main(int argc, char** argv) {
   return run_reporting_errors("generate", [&]() -> int {
     // Everything the command line alone can tell is checked before the model loads.
     DC_CHECK(!prompt_text.empty() || !tokens.empty(), "give a prompt: --prompt TEXT or --tokens IDS");
+    DC_CHECK(opt.device != "cuda" || opt.dtype == "f32" || opt.dtype == "bf16", "--dtype ", opt.dtype,
+             ": quantized weights are CPU only; --device cuda takes f32 or bf16");
+    DC_CHECK(opt.device != "cuda" || opt.kv_dtype == "f32",
+             "--kv-dtype bf16: the bf16 KV cache is CPU only so far; --device cuda takes f32");
 #if !defined(DC_WITH_CUDA)
     DC_CHECK(opt.device != "cuda",
              "--device cuda: this build of generate has no CUDA backend (configure with nvcc available)");

@@ -20,7 +20,8 @@ struct GenerateOptions {
   dc::SamplingOptions sampling;
   std::uint64_t seed = 0;
   std::string device = "cpu";
-  std::string dtype = "f32";  // weight storage: f32 or bf16
+  std::string dtype = "f32";     // weight storage (common/weights.hpp: kWeightDtypes)
+  std::string kv_dtype = "f32";  // KV cache storage (kKvDtypes)
   int max_chunk = 64;
   std::string policy = "full";  // eviction policy: a baseline, distillcache or distillcache=PATH
   double budget = 1.0;          // fraction of the prompt kept

@@ -19,6 +19,7 @@
 #include <distillcache/distillcache.hpp>
 
 #include "../common/cli.hpp"
+#include "../common/weights.hpp"
 #include "../generate/generation.hpp"
 
 namespace {
@@ -36,7 +37,7 @@ int main(int argc, char** argv) {
   using namespace dc_examples;
   CLI::App app{"Generation with an evicting KV-cache policy next to the full cache (distillcache)."};
   std::string model_path, prompt_text, text_path, policies_arg = "distillcache,h2o",
-                                                 granularity_arg = "head", dtype = "f32";
+                                                 granularity_arg = "head", dtype = "f32", kv_dtype_arg = "f32";
   int context = 1024, max_new = 64;
   double budget_fraction = 0.25;
   app.add_option("--model", model_path, "GGUF model file")->required();
@@ -51,7 +52,8 @@ int main(int argc, char** argv) {
                  "distillcache=PATH, or a baseline (h2o, snapkv, tova, observed, ...)");
   app.add_option("--granularity", granularity_arg, "keep-sets: shared, layer or head")
       ->check(CLI::IsMember({"shared", "layer", "head"}));
-  app.add_option("--dtype", dtype, "weight storage: f32 or bf16")->check(CLI::IsMember({"f32", "bf16"}));
+  app.add_option("--dtype", dtype, kWeightDtypeHelp)->check(CLI::IsMember(kWeightDtypes));
+  app.add_option("--kv-dtype", kv_dtype_arg, kKvDtypeHelp)->check(CLI::IsMember(kKvDtypes));
   if (const auto status = parse_command_line(app, argc, argv, "infer")) return *status;
 
   return run_reporting_errors("infer", [&]() -> int {
@@ -86,6 +88,7 @@ int main(int argc, char** argv) {
 
     auto run = [&]<class W>(dc::Weights<dc::cpu, W> weights) -> int {
       dc::Transformer<dc::cpu, W> model(m.config, std::move(weights), 64);
+      model.set_kv_type(kv_dtype(kv_dtype_arg));
       dc::SamplingOptions greedy;
       greedy.temperature = 0.0f;
       dc::FullCachePolicy full;
@@ -128,7 +131,6 @@ int main(int argc, char** argv) {
       for (std::size_t p = 0; p < policies.size(); ++p) std::printf("%s: %s\n", names[p].c_str(), texts[p].c_str());
       return 0;
     };
-    if (dtype == "bf16") return run(dc::convert_host_weights<dc::bf16>(std::move(m.weights)));
-    return run(std::move(m.weights));
+    return with_cpu_weights(dtype, model_path, m, run);
   });
 }

@@ -19,6 +19,7 @@
 #include <distillcache/distillcache.hpp>
 
 #include "../common/cli.hpp"
+#include "../common/weights.hpp"
 
 namespace {
 
@@ -85,7 +86,8 @@ int main(int argc, char** argv) {
       ->check(integer_in(1, 4096));
   app.add_option("--init-steps", init_steps, "warm start: Adam steps")->check(integer_in(0, 1 << 20));
   app.add_option("--resume", resume_path, "continue from a checkpoint.dcpolicy (its options win)");
-  app.add_option("--dtype", dtype, "weight storage: f32 or bf16")->check(CLI::IsMember({"f32", "bf16"}));
+  app.add_option("--dtype", dtype, std::string(kWeightDtypeHelp) + " (teacher and students alike)")
+      ->check(CLI::IsMember(kWeightDtypes));
   app.add_option("--recent-fraction", recent_fraction, "always keep the newest fraction of the budget "
                  "(as H2O keeps half); the MLP chooses the rest")->check(finite_number(0.0, 0.99));
   app.add_option("--batch", batch, "students decoded as one batch (speed and memory only; each holds "
@@ -271,7 +273,6 @@ int main(int argc, char** argv) {
                    trainer.step(), best, best_path.string().c_str(), checkpoint_path.string().c_str());
       return 0;
     };
-    if (dtype == "bf16") return run(dc::convert_host_weights<dc::bf16>(std::move(m.weights)));
-    return run(std::move(m.weights));
+    return with_cpu_weights(dtype, model_path, m, run);
   });
 }

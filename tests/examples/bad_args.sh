@@ -191,6 +191,10 @@ bad "--max-chunk 0"                       generate 2 "--max-chunk"        -- "${
 bad "--device cuda, no GPU"               generate 1 "--device cuda"      -- "${G[@]}" --device cuda
 bad "--device bogus"                      generate 2 "--device"           -- "${G[@]}" --device tpu
 bad "--dtype bogus"                       generate 2 "--dtype"            -- "${G[@]}" --dtype f64
+bad "--dtype q4_1 on cuda"                generate 1 "CPU only"           -- "${G[@]}" --dtype q4_1 --device cuda
+bad "--dtype gguf, not a GGUF model"      generate 1 "not a GGUF file"    -- "${G[@]}" --dtype gguf
+bad "--kv-dtype bogus"                    generate 2 "--kv-dtype"         -- "${G[@]}" --kv-dtype f16
+bad "--kv-dtype bf16 on cuda"             generate 1 "CPU only"           -- "${G[@]}" --kv-dtype bf16 --device cuda
 bad "--policy unknown"                    generate 1 "unknown policy"     -- "${G[@]}" --policy lru
 bad "--budget 0"                          generate 1 "budget"             -- "${G[@]}" --policy h2o --budget 0
 bad "--budget negative"                   generate 1 "budget"             -- "${G[@]}" --policy h2o --budget -0.5

@@ -5,3 +5,4 @@
 
 template class dc::Transformer<dc::cpu, float>;
 template class dc::Transformer<dc::cpu, dc::bf16>;
+template class dc::Transformer<dc::cpu, dc::quantized>;

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "../core/copy.hpp"
@@ -37,7 +38,17 @@ std::vector<float> expected_attention(const Context<B>& ctx, const KVCache<B>& c
   std::vector<double> mean(dims), cov(dims * dims), mu(dims), rotated(dims * dims), column(dims),
       image(dims), logits(slots), mass(slots);
   for (int g = 0; g < kv_heads; ++g) {
-    copy_to_host(ctx, keys.data(), cache.keys(layer) + std::int64_t(g) * cap * d, keys.size());
+    cache.with_kv(layer, [&](const auto* k, const auto*) {  // widened to fp32 from the storage type
+      using T = std::remove_cv_t<std::remove_pointer_t<decltype(k)>>;
+      const T* head = k + std::int64_t(g) * cap * d;
+      if constexpr (std::is_same_v<T, float>) {
+        copy_to_host(ctx, keys.data(), head, keys.size());
+      } else {
+        std::vector<T> stored(keys.size());
+        copy_to_host(ctx, stored.data(), head, stored.size());
+        for (std::size_t i = 0; i < keys.size(); ++i) keys[i] = to_float_any(stored[i]);
+      }
+    });
     const auto& positions = cache.host_positions(layer, g);
     std::fill(mass.begin(), mass.end(), 0.0);
     for (int h = g * group; h < (g + 1) * group; ++h) {

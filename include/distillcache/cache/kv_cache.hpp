@@ -18,6 +18,12 @@
 // every layer and head) are that same path with the set repeated. Layers may hold different
 // lengths (length(l)).
 //
+// Storage type (kv_type()): K and V are fp32 (the default) or bf16 (half the bytes a decode step
+// reads at long context; CPU only so far: the CUDA attention kernels read fp32). keys(l) and
+// values(l) are the fp32 view; keys_as<T>(l) any, and with_kv(l, fn) calls fn with the pointers
+// of whichever type the cache holds, which is how the ops (templates on the storage type) are
+// reached. Positions and statistics are fp32/int32 whatever K and V are.
+//
 // Statistics are accumulated only for observed queries: set_observed_from(p) makes queries at
 // positions >= p accumulate (e.g. the last W prompt tokens); disable_statistics() stops it.
 //
@@ -36,6 +42,7 @@
 #include <vector>
 
 #include "../core/copy.hpp"
+#include "../core/dtype.hpp"
 #include "../core/tensor.hpp"
 #include "../cpu/kv.hpp"
 #include "../math/attention_rules.hpp"
@@ -73,11 +80,15 @@ template <Backend B>
 class KVCache {
  public:
   KVCache() = default;
-  KVCache(const CacheShape& shape, int capacity)
+  KVCache(const CacheShape& shape, int capacity, DType kv_type = DType::f32)
       : layers_(shape.num_layers), heads_(shape.num_heads), kv_heads_(shape.num_kv_heads),
         head_dim_(shape.head_dim), max_position_(shape.max_position), capacity_(capacity),
-        windows_(shape.layer_windows) {
+        kv_type_(kv_type), windows_(shape.layer_windows) {
     shape.validate();
+    DC_CHECK(kv_type == DType::f32 || kv_type == DType::bf16, "KV cache: storage type ", dtype_name(kv_type),
+             " is not supported (f32 or bf16)");
+    DC_CHECK((std::is_same_v<B, cpu>) || kv_type == DType::f32,
+             "KV cache: bf16 storage is CPU only so far (the CUDA attention reads fp32 K/V)");
     if (windows_.empty()) windows_.assign(std::size_t(layers_), 0);
     const bool all_windowed = std::all_of(windows_.begin(), windows_.end(), [](int w) { return w > 0; });
     for (int w : windows_) evictable_.push_back(w == 0 || all_windowed);
@@ -86,8 +97,13 @@ class KVCache {
              capacity, " exceeds the model's max_position ", shape.max_position);
     const Shape kv{kv_heads_, capacity_, head_dim_};
     for (int l = 0; l < layers_; ++l) {
-      keys_.emplace_back(kv);
-      values_.emplace_back(kv);
+      if (kv_type_ == DType::bf16) {
+        keys16_.emplace_back(kv);
+        values16_.emplace_back(kv);
+      } else {
+        keys_.emplace_back(kv);
+        values_.emplace_back(kv);
+      }
       stats_.emplace_back(Shape{kv_heads_, stat_rows(), capacity_});
       stats_.back().buffer().fill_zero();
     }
@@ -157,10 +173,45 @@ class KVCache {
   // Where the cache lives (kHostDevice on the CPU backend).
   int device() const { return positions_.device(); }
 
-  float* keys(int layer) { return keys_[index(layer, 0)].data(); }
-  float* values(int layer) { return values_[index(layer, 0)].data(); }
-  const float* keys(int layer) const { return keys_[index(layer, 0)].data(); }
-  const float* values(int layer) const { return values_[index(layer, 0)].data(); }
+  // How K and V are stored: DType::f32 or DType::bf16.
+  DType kv_type() const { return kv_type_; }
+  // Layer l's K or V as T, which must be the storage type.
+  template <class T>
+  T* keys_as(int layer) {
+    return storage<T>(layer, true);
+  }
+  template <class T>
+  T* values_as(int layer) {
+    return storage<T>(layer, false);
+  }
+  template <class T>
+  const T* keys_as(int layer) const {
+    return const_cast<KVCache*>(this)->storage<T>(layer, true);
+  }
+  template <class T>
+  const T* values_as(int layer) const {
+    return const_cast<KVCache*>(this)->storage<T>(layer, false);
+  }
+  // The fp32 view (fails on a bf16 cache).
+  float* keys(int layer) { return keys_as<float>(layer); }
+  float* values(int layer) { return values_as<float>(layer); }
+  const float* keys(int layer) const { return keys_as<float>(layer); }
+  const float* values(int layer) const { return values_as<float>(layer); }
+  // fn(keys, values) with layer l's pointers of the storage type (float* or bf16*).
+  template <class Fn>
+  decltype(auto) with_kv(int layer, Fn&& fn) {
+    if constexpr (std::is_same_v<B, cpu>) {
+      if (kv_type_ == DType::bf16) return fn(keys_as<bf16>(layer), values_as<bf16>(layer));
+    }
+    return fn(keys_as<float>(layer), values_as<float>(layer));
+  }
+  template <class Fn>
+  decltype(auto) with_kv(int layer, Fn&& fn) const {
+    if constexpr (std::is_same_v<B, cpu>) {
+      if (kv_type_ == DType::bf16) return fn(keys_as<bf16>(layer), values_as<bf16>(layer));
+    }
+    return fn(keys_as<float>(layer), values_as<float>(layer));
+  }
   // The layer's whole statistics block; KV head h's rows start at h * stat_rows() * capacity().
   float* stats(int layer) { return stats_[index(layer, 0)].data(); }
   const float* stats(int layer) const { return stats_[index(layer, 0)].data(); }
@@ -262,8 +313,9 @@ class KVCache {
                  "compact: keep-set of kv head ", h, " must be strictly ascending");
       }
     if (identity) return;  // strictly ascending and complete: nothing moves
-    kv_compact(ctx, keys(layer), values(layer), stats(layer), kv_heads_, head_dim_, stat_rows(),
-               capacity_, keep, count);
+    with_kv(layer, [&](auto* k, auto* v) {
+      kv_compact(ctx, k, v, stats(layer), kv_heads_, head_dim_, stat_rows(), capacity_, keep, count);
+    });
     for (int h = 0; h < kv_heads_; ++h) {
       auto& pos = host_positions_[flat(layer, h)];
       for (int i = 0; i < count; ++i) pos[std::size_t(i)] = pos[std::size_t(keep[std::size_t(h) * count + i])];
@@ -279,6 +331,8 @@ class KVCache {
     DC_CHECK(layers_ == other.layers_ && heads_ == other.heads_ && kv_heads_ == other.kv_heads_ &&
                  head_dim_ == other.head_dim_,
              "KV cache copy between caches of different model shapes");
+    DC_CHECK(kv_type_ == other.kv_type_, "KV cache copy from a ", dtype_name(other.kv_type_), " cache into a ",
+             dtype_name(kv_type_), " one");
     DC_CHECK(other.length() <= capacity_, "KV cache copy: ", other.length(),
              " slots exceed capacity ", capacity_);
     const int rows = stat_rows();
@@ -287,8 +341,11 @@ class KVCache {
       for (int h = 0; h < kv_heads_; ++h) {
         const std::int64_t dst = std::int64_t(h) * capacity_ * head_dim_;
         const std::int64_t src = std::int64_t(h) * other.capacity_ * head_dim_;
-        copy_on_backend(ctx, keys(l) + dst, other.keys(l) + src, len * head_dim_);
-        copy_on_backend(ctx, values(l) + dst, other.values(l) + src, len * head_dim_);
+        with_kv(l, [&](auto* k, auto* v) {
+          using T = std::remove_pointer_t<decltype(k)>;
+          copy_on_backend(ctx, k + dst, other.template keys_as<T>(l) + src, len * head_dim_);
+          copy_on_backend(ctx, v + dst, other.template values_as<T>(l) + src, len * head_dim_);
+        });
         for (int r = 0; r < rows; ++r)
           copy_on_backend(ctx, stats(l) + (std::int64_t(h) * rows + r) * capacity_,
                           other.stats(l) + (std::int64_t(h) * rows + r) * other.capacity_, len);
@@ -334,7 +391,7 @@ class KVCache {
   }
   // One slot of every KV head of one layer.
   std::size_t bytes_per_slot_layer() const {
-    return std::size_t(kv_heads_) * (std::size_t(2) * head_dim_ * sizeof(float) + sizeof(std::int32_t) +
+    return std::size_t(kv_heads_) * (std::size_t(2) * head_dim_ * dtype_size(kv_type_) + sizeof(std::int32_t) +
                                      std::size_t(stat_rows()) * sizeof(float));
   }
 
@@ -351,6 +408,14 @@ class KVCache {
   std::size_t flat(int layer, int head) const {
     return index(layer, head) * std::size_t(kv_heads_) + std::size_t(head);
   }
+  template <class T>
+  T* storage(int layer, bool keys) {
+    const std::size_t l = index(layer, 0);
+    DC_CHECK(dtype_of<T>::value == kv_type_, "KV cache: K/V read as ", dtype_name(dtype_of<T>::value),
+             " but stored as ", dtype_name(kv_type_));
+    if constexpr (std::is_same_v<T, bf16>) return (keys ? keys16_ : values16_)[l].data();
+    else return (keys ? keys_ : values_)[l].data();
+  }
   std::int32_t* device_positions(int layer, int head) {
     return positions_.data() + std::int64_t(flat(layer, head)) * capacity_;
   }
@@ -358,7 +423,9 @@ class KVCache {
   int layers_ = 0, heads_ = 0, kv_heads_ = 0, head_dim_ = 0, max_position_ = 0, capacity_ = 0;
   int next_position_ = 0;
   int observed_from_ = kNever;
-  std::vector<Tensor<float, B>> keys_, values_, stats_;
+  DType kv_type_ = DType::f32;
+  std::vector<Tensor<float, B>> keys_, values_, stats_;  // keys_/values_ of an fp32 cache
+  std::vector<Tensor<bf16, B>> keys16_, values16_;      // of a bf16 cache
   Tensor<std::int32_t, B> positions_;                      // [layers, kv_heads, capacity]
   std::vector<std::vector<std::int32_t>> host_positions_;  // [layers * kv_heads]
   std::vector<int> last_append_;

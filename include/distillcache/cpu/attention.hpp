@@ -29,11 +29,12 @@
 namespace dc {
 
 // out[n, heads*head_dim] = softmax(q K^T * scale + mask) V, per query head; accumulates the
-// statistics of observed queries into stats.block when given.
-inline void attention(const Context<cpu>&, float* out, const float* q, const float* k_cache,
-                      const float* v_cache, const std::int32_t* key_pos, int len,
-                      const std::int32_t* query_pos, int n, const AttentionShape& s,
-                      AttentionStats stats = {}) {
+// statistics of observed queries into stats.block when given. K and V are stored as KV (float
+// or bf16: the cache's storage type) and widened to fp32 as they are read.
+template <class KV>
+void attention(const Context<cpu>&, float* out, const float* q, const KV* k_cache, const KV* v_cache,
+               const std::int32_t* key_pos, int len, const std::int32_t* query_pos, int n,
+               const AttentionShape& s, AttentionStats stats = {}) {
   const int hd = s.head_dim;
   // Observed queries are t in [first_observed, n), first_observed clamped to [0, n] as the CUDA
   // overload does (a negative one means every query).
@@ -56,8 +57,8 @@ inline void attention(const Context<cpu>&, float* out, const float* q, const flo
       const float* qv = q + (std::int64_t(t) * s.num_heads + h) * hd;
       const int kvh = math::kv_head_of(h, s.num_heads, s.num_kv_heads);
       const std::int32_t* kp = key_pos + std::int64_t(kvh) * s.capacity;
-      const float* kh = k_cache + std::int64_t(kvh) * s.capacity * hd;
-      const float* vh = v_cache + std::int64_t(kvh) * s.capacity * hd;
+      const KV* kh = k_cache + std::int64_t(kvh) * s.capacity * hd;
+      const KV* vh = v_cache + std::int64_t(kvh) * s.capacity * hd;
       float* o = out + (std::int64_t(t) * s.num_heads + h) * hd;
 
       float max_score = -INFINITY;
@@ -79,8 +80,8 @@ inline void attention(const Context<cpu>&, float* out, const float* q, const flo
         scores[std::size_t(j)] = p;  // scores now hold unnormalised probabilities
         sum += p;
         weighted_score += p * shifted;
-        const float* vj = vh + std::int64_t(j) * hd;
-        for (int i = 0; i < hd; ++i) o[i] += p * vj[i];
+        const KV* vj = vh + std::int64_t(j) * hd;
+        for (int i = 0; i < hd; ++i) o[i] += p * to_float_any(vj[i]);
       }
       const float inv = 1.0f / sum;
       for (int i = 0; i < hd; ++i) o[i] *= inv;

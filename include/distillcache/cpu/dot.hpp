@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "../core/config.hpp"
+#include "../core/dtype.hpp"
 
 namespace dc::cpu_detail {
 
@@ -25,14 +26,16 @@ inline float multiply_add(float a, float b, float acc) {
 #endif
 }
 
-inline float dot(const float* DC_RESTRICT a, const float* DC_RESTRICT b, int n) {
+// a . b, with b stored as float or bf16 (a KV cache's keys; widened as it is loaded).
+template <class T>
+inline float dot(const float* DC_RESTRICT a, const T* DC_RESTRICT b, int n) {
   float acc[kLanes] = {};
   const int n_vec = n / kLanes * kLanes;
   for (int i = 0; i < n_vec; i += kLanes)
-    for (int l = 0; l < kLanes; ++l) acc[l] = multiply_add(a[i + l], b[i + l], acc[l]);
+    for (int l = 0; l < kLanes; ++l) acc[l] = multiply_add(a[i + l], to_float_any(b[i + l]), acc[l]);
   float sum = 0.0f;
   for (int l = 0; l < kLanes; ++l) sum += acc[l];
-  for (int i = n_vec; i < n; ++i) sum = multiply_add(a[i], b[i], sum);
+  for (int i = n_vec; i < n; ++i) sum = multiply_add(a[i], to_float_any(b[i]), sum);
   return sum;
 }
 

@@ -9,17 +9,19 @@
 #include <span>
 
 #include "../core/backend.hpp"
+#include "../core/dtype.hpp"
 #include "../math/attention_shape.hpp"
 #include "../math/features.hpp"
 
 namespace dc {
 
-// Writes the chunk's k/v rows [n, kv_heads*head_dim] into cache slots [first, first + n) and,
-// with a statistics block, resets the new slots' accumulators and records each KV head's K/V
-// norms.
-inline void kv_write(const Context<cpu>&, float* k_cache, float* v_cache, const float* k,
-                     const float* v, int n, int first, const AttentionShape& s,
-                     float* stats = nullptr) {
+// Writes the chunk's k/v rows [n, kv_heads*head_dim] into cache slots [first, first + n), stored
+// as KV (float, or bf16 rounded to nearest even) and, with a statistics block, resets the new
+// slots' accumulators and records each KV head's K/V norms (of the fp32 rows, so the statistics
+// do not depend on the storage type).
+template <class KV>
+void kv_write(const Context<cpu>&, KV* k_cache, KV* v_cache, const float* k, const float* v, int n, int first,
+              const AttentionShape& s, float* stats = nullptr) {
   const int rows = stat_rows_per_kv_head(s.num_heads / s.num_kv_heads);
   for (int t = 0; t < n; ++t) {
     for (int h = 0; h < s.num_kv_heads; ++h) {
@@ -27,8 +29,8 @@ inline void kv_write(const Context<cpu>&, float* k_cache, float* v_cache, const 
       const std::int64_t dst = (std::int64_t(h) * s.capacity + first + t) * s.head_dim;
       float kk = 0.0f, vv = 0.0f;
       for (int i = 0; i < s.head_dim; ++i) {
-        k_cache[dst + i] = k[src + i];
-        v_cache[dst + i] = v[src + i];
+        k_cache[dst + i] = from_float<KV>(k[src + i]);
+        v_cache[dst + i] = from_float<KV>(v[src + i]);
         kk += k[src + i] * k[src + i];
         vv += v[src + i] * v[src + i];
       }
@@ -45,9 +47,9 @@ inline void kv_write(const Context<cpu>&, float* k_cache, float* v_cache, const 
 // Per-head compaction: KV head h keeps slots keep[h*count] < keep[h*count + 1] < ... (count of
 // them, moved to the front in that order) of its K/V rows and its statistics rows. In place:
 // keep[h*count + i] >= i, so a forward copy never overwrites a row still needed.
-inline void kv_compact(const Context<cpu>&, float* k_cache, float* v_cache, float* stats,
-                       int kv_heads, int head_dim, int rows_of_stats, int capacity,
-                       std::span<const std::int32_t> keep, int count) {
+template <class KV>
+void kv_compact(const Context<cpu>&, KV* k_cache, KV* v_cache, float* stats, int kv_heads, int head_dim,
+                int rows_of_stats, int capacity, std::span<const std::int32_t> keep, int count) {
   for (int h = 0; h < kv_heads; ++h) {
     const std::int32_t* head_keep = keep.data() + std::size_t(h) * count;
     for (int i = 0; i < count; ++i) {

@@ -25,6 +25,7 @@
 #include "../core/config.hpp"
 #include "../core/dtype.hpp"
 #include "../core/error.hpp"
+#include "../math/quant_blocks.hpp"
 #include "detail/ggml_f16.hpp"
 #include "gguf_kquants.hpp"
 
@@ -136,29 +137,18 @@ inline constexpr std::string_view kGgmlDequantizableTypes =
 
 // ---- one block each ---------------------------------------------------------------------------
 
+// Q8_0, Q4_0 and Q4_1 are also the formats the CPU multiplies as they are (math/quant_blocks.hpp
+// holds their formulas for both uses).
 inline void dequantize_block_q8_0(const std::uint8_t* block, float* DC_RESTRICT out) {
-  const float d = detail::load_f16(block);
-  const std::uint8_t* qs = block + 2;
-  for (int i = 0; i < 32; ++i) out[i] = static_cast<float>(static_cast<std::int8_t>(qs[i])) * d;
+  math::dequantize_weight_block(QuantFormat::q8_0, block, out);
 }
 
 inline void dequantize_block_q4_0(const std::uint8_t* block, float* DC_RESTRICT out) {
-  const float d = detail::load_f16(block);
-  const std::uint8_t* qs = block + 2;
-  for (int j = 0; j < 16; ++j) {
-    out[j] = static_cast<float>((qs[j] & 0x0f) - 8) * d;
-    out[j + 16] = static_cast<float>((qs[j] >> 4) - 8) * d;
-  }
+  math::dequantize_weight_block(QuantFormat::q4_0, block, out);
 }
 
 inline void dequantize_block_q4_1(const std::uint8_t* block, float* DC_RESTRICT out) {
-  const float d = detail::load_f16(block);
-  const float m = detail::load_f16(block + 2);
-  const std::uint8_t* qs = block + 4;
-  for (int j = 0; j < 16; ++j) {
-    out[j] = static_cast<float>(qs[j] & 0x0f) * d + m;
-    out[j + 16] = static_cast<float>(qs[j] >> 4) * d + m;
-  }
+  math::dequantize_weight_block(QuantFormat::q4_1, block, out);
 }
 
 inline void dequantize_block_q5_0(const std::uint8_t* block, float* DC_RESTRICT out) {

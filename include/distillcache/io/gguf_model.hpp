@@ -21,6 +21,7 @@
 #include <cstring>
 #include <limits>
 #include <filesystem>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -85,21 +86,25 @@ inline std::string gguf_tensor_name(const std::string& hf, bool sandwich_norms =
   DC_FAIL("no GGUF name for weight '", hf, "'");
 }
 
-// Undoes llama.cpp's per-head Q/K row permutation in place: rows [heads * head_dim, cols].
-inline void gguf_unpermute_rope_rows(Tensor<float, cpu>& w, int heads, int head_dim) {
-  const std::int64_t cols = w.dim(1);
-  DC_CHECK(w.dim(0) == std::int64_t(heads) * head_dim, "unpermute: ", w.dim(0), " rows, expected ",
-           heads, " x ", head_dim);
-  std::vector<float> head(std::size_t(head_dim) * std::size_t(cols));
-  const std::size_t row_bytes = std::size_t(cols) * sizeof(float);
+// Undoes llama.cpp's per-head Q/K row permutation in place: `rows` rows of row_bytes bytes each
+// (fp32 values or quantized blocks alike: whole rows move).
+inline void gguf_unpermute_rope_rows(std::uint8_t* data, std::int64_t rows, std::size_t row_bytes, int heads,
+                                     int head_dim) {
+  DC_CHECK(rows == std::int64_t(heads) * head_dim, "unpermute: ", rows, " rows, expected ", heads, " x ",
+           head_dim);
+  std::vector<std::uint8_t> head(std::size_t(head_dim) * row_bytes);
   for (int h = 0; h < heads; ++h) {
-    float* base = w.data() + std::int64_t(h) * head_dim * cols;
-    std::memcpy(head.data(), base, head.size() * sizeof(float));
+    std::uint8_t* base = data + std::size_t(h) * std::size_t(head_dim) * row_bytes;
+    std::memcpy(head.data(), base, head.size());
     for (int r = 0; r < head_dim; ++r)
-      std::memcpy(base + std::int64_t(r) * cols,
-                  head.data() + std::int64_t(math::rope_unpermute_source(r, head_dim)) * cols,
-                  row_bytes);
+      std::memcpy(base + std::size_t(r) * row_bytes,
+                  head.data() + std::size_t(math::rope_unpermute_source(r, head_dim)) * row_bytes, row_bytes);
   }
+}
+
+inline void gguf_unpermute_rope_rows(Tensor<float, cpu>& w, int heads, int head_dim) {
+  gguf_unpermute_rope_rows(reinterpret_cast<std::uint8_t*>(w.data()), w.dim(0),
+                           std::size_t(w.dim(1)) * sizeof(float), heads, head_dim);
 }
 
 // Gemma 3's switches. llama.cpp (src/llama-model.cpp, LLM_ARCH_GEMMA3) fixes what older GGUFs
@@ -210,12 +215,10 @@ inline ModelConfig gguf_model_config(const GgufFile& f) {
   return c;
 }
 
-// Loads an opened GGUF file's config and weights (dequantized to fp32, Q/K in rotate-half order).
-inline HfModel load_gguf_model(const GgufFile& f) {
-  HfModel model;
-  model.config = gguf_model_config(f);
-  const ModelConfig& c = model.config;
+namespace detail {
 
+// Checks every GGUF load makes before it reads a weight.
+inline void check_gguf_model_tensors(const GgufFile& f, const ModelConfig& c) {
   // Tensors that change the maths and that we would otherwise silently drop.
   for (const auto& t : f.tensors()) {
     DC_CHECK(t.name != "rope_freqs.weight", f.where(t.name),
@@ -223,33 +226,107 @@ inline HfModel load_gguf_model(const GgufFile& f) {
     DC_CHECK(t.name.size() < 5 || t.name.compare(t.name.size() - 5, 5, ".bias") != 0,
              f.where(t.name), "biases are not supported");
   }
-
   // for_each_weight sizes the layer list before it asks for a layer's tensors, so a block_count
   // the file cannot back would allocate without bound (see fuzz/README.md).
-  const std::size_t per_layer = detail::tensors_per_layer(c);
+  const std::size_t per_layer = tensors_per_layer(c);
   DC_CHECK(std::uint64_t(c.num_layers) <= f.tensors().size() / per_layer, f.where(),
            "metadata key '", c.architecture, ".block_count' = ", c.num_layers,
            " but the file has only ", f.tensors().size(), " tensors (", per_layer, " per layer)");
-  const bool permuted_rope = c.architecture != "gemma3";  // see the header comment
+}
 
+// The file's tensor for weight hf_name, checked for presence, shape and a type we can decode.
+inline const GgufTensorInfo& gguf_weight_tensor(const GgufFile& f, const ModelConfig& c, const std::string& hf_name,
+                                                Shape expected) {
+  const std::string name = gguf_tensor_name(hf_name, c.sandwich_norms);
+  const GgufTensorInfo* t = f.find_tensor(name);
+  DC_CHECK(t != nullptr, f.where(), "tensor '", name, "' (", hf_name, ") missing");
+  DC_CHECK(t->shape() == expected, f.where(name), "shape ", t->shape().str(), " (ne ", shape_str(t->ne),
+           "), expected ", expected.str(), " for ", hf_name);
+  DC_CHECK(ggml_can_dequantize(t->type), f.where(name), "type ", t->type_name(),
+           " is not supported (supported: ", kGgmlDequantizableTypes, ")");
+  return *t;
+}
+
+// How many heads' rows of this tensor llama.cpp permuted for RoPE (0: none; see the header).
+inline int gguf_permuted_heads(const ModelConfig& c, const std::string& gguf_name) {
+  if (c.architecture == "gemma3") return 0;
+  auto ends_with = [&](std::string_view tail) {
+    return gguf_name.size() > tail.size() && gguf_name.compare(gguf_name.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  if (ends_with("attn_q.weight")) return c.num_heads;
+  if (ends_with("attn_k.weight")) return c.num_kv_heads;
+  return 0;
+}
+
+// A NaN or inf weight (a corrupt file, a bad quantization scale) would poison every logit.
+inline void check_gguf_weight_finite(const GgufFile& f, const GgufTensorInfo& t, std::span<const float> values) {
+  check_all_finite(values, concat("gguf '", f.path().string(), "': tensor '", t.name, "'"));
+}
+
+}  // namespace detail
+
+// Loads an opened GGUF file's config and weights (dequantized to fp32, Q/K in rotate-half order).
+inline HfModel load_gguf_model(const GgufFile& f) {
+  HfModel model;
+  model.config = gguf_model_config(f);
+  const ModelConfig& c = model.config;
+  detail::check_gguf_model_tensors(f, c);
   for_each_weight(c, model.weights, [&](const std::string& hf_name, Tensor<float, cpu>& slot, Shape expected) {
-    const std::string name = detail::gguf_tensor_name(hf_name, c.sandwich_norms);
-    const GgufTensorInfo* t = f.find_tensor(name);
-    DC_CHECK(t != nullptr, f.where(), "tensor '", name, "' (", hf_name, ") missing");
-    DC_CHECK(t->shape() == expected, f.where(name), "shape ", t->shape().str(), " (ne ",
-             detail::shape_str(t->ne), "), expected ", expected.str(), " for ", hf_name);
-    DC_CHECK(ggml_can_dequantize(t->type), f.where(name), "type ", t->type_name(),
-             " is not supported (supported: ", kGgmlDequantizableTypes, ")");
-    slot = f.read_tensor(*t);
-    // A NaN or inf weight (a corrupt file, a bad quantization scale) would poison every logit.
-    check_all_finite(std::span<const float>(slot.data(), std::size_t(slot.numel())),
-                     detail::concat("gguf '", f.path().string(), "': tensor '", name, "'"));
-    const bool is_q = name.size() > 13 && name.compare(name.size() - 13, 13, "attn_q.weight") == 0;
-    const bool is_k = name.size() > 13 && name.compare(name.size() - 13, 13, "attn_k.weight") == 0;
-    if (is_q && permuted_rope) detail::gguf_unpermute_rope_rows(slot, c.num_heads, c.head_dim);
-    if (is_k && permuted_rope) detail::gguf_unpermute_rope_rows(slot, c.num_kv_heads, c.head_dim);
+    const GgufTensorInfo& t = detail::gguf_weight_tensor(f, c, hf_name, expected);
+    slot = f.read_tensor(t);
+    detail::check_gguf_weight_finite(f, t, std::span<const float>(slot.data(), std::size_t(slot.numel())));
+    if (const int heads = detail::gguf_permuted_heads(c, t.name)) detail::gguf_unpermute_rope_rows(slot, heads, c.head_dim);
   });
   return model;
+}
+
+// The weights of an opened GGUF file with its matrices kept in the file's own blocks where they
+// are Q8_0, Q4_0 or Q4_1 (bytes as stored, Q/K rows un-permuted whole); matrices the file stores
+// otherwise (F32, F16, BF16, Q5_0, the k-quants) are decoded and re-quantized to Q8_0, the format
+// that loses least. Norms are fp32. config must be gguf_model_config(f).
+inline Weights<cpu, quantized> load_gguf_quantized_weights(const GgufFile& f, const ModelConfig& c) {
+  detail::check_gguf_model_tensors(f, c);
+  // for_each_weight names every slot of a skeleton; transform_weights then asks for each slot by
+  // reference, which the address identifies.
+  HostWeights skeleton;
+  std::vector<std::pair<const Tensor<float, cpu>*, const GgufTensorInfo*>> source;
+  for_each_weight(c, skeleton, [&](const std::string& hf_name, Tensor<float, cpu>& slot, Shape expected) {
+    slot = Tensor<float, cpu>(Shape{1});  // non-empty: transform_weights skips empty optional slots
+    source.emplace_back(&slot, &detail::gguf_weight_tensor(f, c, hf_name, expected));
+  });
+  auto info_of = [&](const Tensor<float, cpu>& slot) -> const GgufTensorInfo& {
+    for (const auto& [s, t] : source)
+      if (s == &slot) return *t;
+    DC_FAIL("load_gguf_quantized_weights: a weight slot without a tensor");  // unreachable
+  };
+  auto matrix = [&](const Tensor<float, cpu>& slot) {
+    const GgufTensorInfo& t = info_of(slot);
+    const Tensor<float, cpu> values = f.read_tensor(t);
+    detail::check_gguf_weight_finite(f, t, std::span<const float>(values.data(), std::size_t(values.numel())));
+    QuantizedMatrix m;
+    const auto type = t.ggml_type();
+    if (type == GgmlType::q8_0 || type == GgmlType::q4_0 || type == GgmlType::q4_1) {
+      const QuantFormat format = type == GgmlType::q8_0   ? QuantFormat::q8_0
+                                 : type == GgmlType::q4_0 ? QuantFormat::q4_0
+                                                          : QuantFormat::q4_1;
+      m = QuantizedMatrix(format, values.dim(0), values.dim(1));
+      const std::vector<std::uint8_t> raw = f.read_raw(t);
+      DC_CHECK(raw.size() == m.bytes(), f.where(t.name), raw.size(), " bytes, expected ", m.bytes());
+      std::memcpy(m.row(0), raw.data(), raw.size());
+    } else {
+      m = QuantizedMatrix::quantize(QuantFormat::q8_0, values);
+    }
+    if (const int heads = detail::gguf_permuted_heads(c, t.name))
+      detail::gguf_unpermute_rope_rows(m.row(0), m.rows(), m.row_bytes(), heads, c.head_dim);
+    return m;
+  };
+  auto norm = [&](const Tensor<float, cpu>& slot) {
+    const GgufTensorInfo& t = info_of(slot);
+    Tensor<float, cpu> values = f.read_tensor(t);
+    detail::check_gguf_weight_finite(f, t, std::span<const float>(values.data(), std::size_t(values.numel())));
+    return values;
+  };
+  return transform_weights<cpu, quantized>(skeleton, matrix, norm);
 }
 
 inline HfModel load_gguf_model(const std::filesystem::path& path) { return load_gguf_model(GgufFile(path)); }

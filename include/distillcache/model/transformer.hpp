@@ -77,7 +77,18 @@ class Transformer {
   Context<B>& context() { return ctx_; }
   int max_chunk() const { return max_chunk_; }
 
-  KVCache<B> make_cache(int capacity) const { return KVCache<B>(cache_shape_of(cfg_), capacity); }
+  // A cache for this model; kv_type f32 or bf16 (CPU) is how it stores K and V. Without one, the
+  // model's default (set_kv_type), so the decoder, the evaluator and the trainer, which make their
+  // caches here, all follow one setting.
+  KVCache<B> make_cache(int capacity) const { return make_cache(capacity, kv_type_); }
+  KVCache<B> make_cache(int capacity, DType kv_type) const {
+    return KVCache<B>(cache_shape_of(cfg_), capacity, kv_type);
+  }
+  void set_kv_type(DType kv_type) {
+    KVCache<B>(cache_shape_of(cfg_), 1, kv_type);  // refuses what a cache would refuse, now
+    kv_type_ = kv_type;
+  }
+  DType kv_type() const { return kv_type_; }
 
   // Runs tokens through the model at the cache's next positions, appending their K/V.
   // Writes host logits into out: [tokens.size(), vocab] for LogitsFor::all, [vocab] for last.
@@ -281,16 +292,16 @@ class Transformer {
     float *x = x_.data(), *xn = xn_.data(), *q = q_.data(), *k = k_.data(), *v = v_.data(),
           *att = att_.data(), *gate = gate_.data(), *up = up_.data();
     const std::int64_t nd = std::int64_t(n) * d;
-    embedding(ctx_, x, tokens_.data(), n, w_.embed.data(), d);
+    embedding(ctx_, x, tokens_.data(), n, weight_operand(w_.embed), d);
     if (cfg_.scale_embeddings) scale_values(ctx_, x, cfg_.embedding_scale(), nd);
     for (int l = 0; l < cfg_.num_layers; ++l) {
       const LayerWeights<B, W>& L = w_.layers[std::size_t(l)];
       // Attention block: x += Wo * attention(rope(Wq xn), rope(Wk xn), Wv xn) (Gemma: q and k
       // normed per head first, the block's output normed before the add).
       rmsnorm(ctx_, xn, x, L.attn_norm.data(), n, d, cfg_.rms_eps);
-      matmul(ctx_, q, xn, L.wq.data(), n, d, qd);
-      matmul(ctx_, k, xn, L.wk.data(), n, d, kvd);
-      matmul(ctx_, v, xn, L.wv.data(), n, d, kvd);
+      matmul(ctx_, q, xn, weight_operand(L.wq), n, d, qd);
+      matmul(ctx_, k, xn, weight_operand(L.wk), n, d, kvd);
+      matmul(ctx_, v, xn, weight_operand(L.wv), n, d, kvd);
       if (cfg_.qk_norm) {  // rows [n, heads*head_dim] are n*heads contiguous head vectors
         rmsnorm(ctx_, q, q, L.q_norm.data(), n * cfg_.num_heads, cfg_.head_dim, cfg_.rms_eps);
         rmsnorm(ctx_, k, k, L.k_norm.data(), n * cfg_.num_kv_heads, cfg_.head_dim, cfg_.rms_eps);
@@ -308,21 +319,23 @@ class Transformer {
         const std::int32_t* query_pos = cache.positions(l) + first;
         if (cache.collecting_queries()) cache.add_queries(ctx_, l, qs, first, rows);  // before RoPE
         rope(ctx_, qs, ks, query_pos, rows, cfg_.num_heads, cfg_.num_kv_heads, cfg_.head_dim, theta);
-        kv_write(ctx_, cache.keys(l), cache.values(l), ks, vs, rows, first, r.shape, cache.stats(l));
         const AttentionStats stats{r.observed ? cache.stats(l) : nullptr, r.first_observed};
-        attention(ctx_, att + row * qd, qs, cache.keys(l), cache.values(l), cache.positions(l),
-                  cache.length(l), query_pos, rows, r.shape, stats);
+        cache.with_kv(l, [&](auto* k_cache, auto* v_cache) {  // fp32 or bf16 storage
+          kv_write(ctx_, k_cache, v_cache, ks, vs, rows, first, r.shape, cache.stats(l));
+          attention(ctx_, att + row * qd, qs, k_cache, v_cache, cache.positions(l), cache.length(l), query_pos,
+                    rows, r.shape, stats);
+        });
       }
-      residual_add(x, xn, att, L.wo.data(), qd, L.attn_out_norm, n);
+      residual_add(x, xn, att, L.wo, qd, L.attn_out_norm, n);
       // Feed-forward block: x += W_down (act(W_gate xn) * W_up xn), act silu or gelu_tanh.
       rmsnorm(ctx_, xn, x, L.ffn_norm.data(), n, d, cfg_.rms_eps);
-      matmul(ctx_, gate, xn, L.w_gate.data(), n, d, ff);
-      matmul(ctx_, up, xn, L.w_up.data(), n, d, ff);
+      matmul(ctx_, gate, xn, weight_operand(L.w_gate), n, d, ff);
+      matmul(ctx_, up, xn, weight_operand(L.w_up), n, d, ff);
       if (cfg_.activation == ModelConfig::Activation::gelu_tanh)
         geglu(ctx_, gate, up, std::int64_t(n) * ff);
       else
         swiglu(ctx_, gate, up, std::int64_t(n) * ff);
-      residual_add(x, xn, gate, L.w_down.data(), ff, L.ffn_out_norm, n);
+      residual_add(x, xn, gate, L.w_down, ff, L.ffn_out_norm, n);
     }
     if (which == LogitsFor::none) return;
     int rows = n;  // LogitsFor::all, or one-row segments: every row, normalised in one call
@@ -335,7 +348,7 @@ class Transformer {
     } else {
       rmsnorm(ctx_, xn, x, w_.final_norm.data(), rows, d, cfg_.rms_eps);
     }
-    matmul(ctx_, logits_.data(), xn, w_.output_matrix().data(), rows, d, cfg_.vocab_size);
+    matmul(ctx_, logits_.data(), xn, weight_operand(w_.output_matrix()), rows, d, cfg_.vocab_size);
     if (cfg_.final_logit_softcap > 0.0f)
       softcap(ctx_, logits_.data(), cfg_.final_logit_softcap, std::int64_t(rows) * cfg_.vocab_size);
     if (out) copy_to_host(ctx_, out, logits_.data(), std::size_t(rows) * cfg_.vocab_size);
@@ -343,20 +356,21 @@ class Transformer {
 
   // x[n, d] += block output y[n, in] W^T: accumulated by the GEMM (Llama), or, with sandwich
   // norms (Gemma), formed in scratch [n, d], normed by out_norm, then added.
-  void residual_add(float* x, float* scratch, const float* y, const W* w, int in,
+  void residual_add(float* x, float* scratch, const float* y, const WeightMatrix<W, B>& w, int in,
                     const Tensor<float, B>& out_norm, int n) {
     const int d = cfg_.hidden_size;
     if (!cfg_.sandwich_norms) {
-      matmul(ctx_, x, y, w, n, in, d, /*accumulate=*/true);
+      matmul(ctx_, x, y, weight_operand(w), n, in, d, /*accumulate=*/true);
       return;
     }
-    matmul(ctx_, scratch, y, w, n, in, d);
+    matmul(ctx_, scratch, y, weight_operand(w), n, in, d);
     rmsnorm(ctx_, scratch, scratch, out_norm.data(), n, d, cfg_.rms_eps);
     add_residual(ctx_, x, scratch, std::int64_t(n) * d);
   }
 
   ModelConfig cfg_;
   Weights<B, W> w_;
+  DType kv_type_ = DType::f32;  // make_cache's default storage of K and V
   int max_chunk_;
   Context<B> ctx_;
   Tensor<float, B> x_, xn_, q_, att_, k_, v_, gate_, up_, logits_;

@@ -15,37 +15,61 @@
 #include "../core/config.hpp"
 #include "../core/dtype.hpp"
 #include "../core/tensor.hpp"
+#include "../cpu/quant_matmul.hpp"
 #include "config.hpp"
 
 namespace dc {
 
+// Weight storage tag: the matrices in ggml's block formats (QuantizedMatrix, CPU only), each in
+// its own format (a GGUF file's Q4_1 layers beside its Q8_0 embedding). Norms stay fp32.
+struct quantized {};
+
+// How a matrix of storage W is held on backend B: a Tensor<W, B>, or a QuantizedMatrix.
+template <class W, Backend B>
+struct weight_matrix {
+  using type = Tensor<W, B>;
+};
+template <>
+struct weight_matrix<quantized, cpu> {
+  using type = QuantizedMatrix;
+};
+template <class W, Backend B>
+using WeightMatrix = typename weight_matrix<W, B>::type;
+
+// What a matmul or embedding takes: the pointer of a Tensor, the QuantizedMatrix itself.
+template <class T, Backend B>
+const T* weight_operand(const Tensor<T, B>& t) {
+  return t.data();
+}
+inline const QuantizedMatrix& weight_operand(const QuantizedMatrix& m) { return m; }
+
 template <Backend B, class W = float>
 struct LayerWeights {
   Tensor<float, B> attn_norm;  // [d]
-  Tensor<W, B> wq;             // [heads*head_dim, d]
-  Tensor<W, B> wk;             // [kv_heads*head_dim, d]
-  Tensor<W, B> wv;             // [kv_heads*head_dim, d]
-  Tensor<W, B> wo;             // [d, heads*head_dim]
+  WeightMatrix<W, B> wq;             // [heads*head_dim, d]
+  WeightMatrix<W, B> wk;             // [kv_heads*head_dim, d]
+  WeightMatrix<W, B> wv;             // [kv_heads*head_dim, d]
+  WeightMatrix<W, B> wo;             // [d, heads*head_dim]
   Tensor<float, B> ffn_norm;   // [d]
-  Tensor<W, B> w_gate;         // [ff, d]
+  WeightMatrix<W, B> w_gate;         // [ff, d]
   // Gemma 3 only (empty otherwise): per-head q/k norms and the norms of the attention and
   // feed-forward outputs (config.qk_norm, config.sandwich_norms).
   Tensor<float, B> q_norm;         // [head_dim]
   Tensor<float, B> k_norm;         // [head_dim]
   Tensor<float, B> attn_out_norm;  // [d]
   Tensor<float, B> ffn_out_norm;   // [d]
-  Tensor<W, B> w_up;           // [ff, d]
-  Tensor<W, B> w_down;         // [d, ff]
+  WeightMatrix<W, B> w_up;           // [ff, d]
+  WeightMatrix<W, B> w_down;         // [d, ff]
 };
 
 template <Backend B, class W = float>
 struct Weights {
-  Tensor<W, B> embed;  // [vocab, d]
+  WeightMatrix<W, B> embed;  // [vocab, d]
   std::vector<LayerWeights<B, W>> layers;
   Tensor<float, B> final_norm;  // [d]
-  Tensor<W, B> lm_head;         // [vocab, d]; empty when embeddings are tied
+  WeightMatrix<W, B> lm_head;         // [vocab, d]; empty when embeddings are tied
 
-  const Tensor<W, B>& output_matrix() const { return lm_head.empty() ? embed : lm_head; }
+  const WeightMatrix<W, B>& output_matrix() const { return lm_head.empty() ? embed : lm_head; }
 };
 
 // Host fp32 weights: what every loader produces and every backend uploads from.
@@ -117,27 +141,43 @@ Weights<B, W> transform_weights(const HostWeights& host, Matrix&& matrix, Norm&&
     out.layers.push_back(std::move(d));
   }
   out.final_norm = norm(host.final_norm);
-  out.lm_head = host.lm_head.empty() ? Tensor<W, B>() : matrix(host.lm_head);
+  out.lm_head = host.lm_head.empty() ? WeightMatrix<W, B>() : matrix(host.lm_head);
   return out;
 }
+
+namespace detail {
+// t with every element passed through convert (a new tensor of convert's result type).
+template <class Convert>
+auto convert_tensor(const Tensor<float, cpu>& t, Convert convert) {
+  using T = decltype(convert(0.0f));
+  Tensor<T, cpu> out(t.shape());
+  const std::size_t count = static_cast<std::size_t>(t.numel());
+  DC_OMP(parallel for schedule(static))
+  for (std::size_t i = 0; i < count; ++i) out.data()[i] = convert(t.data()[i]);
+  return out;
+}
+inline Tensor<float, cpu> copy_norm(const Tensor<float, cpu>& t) {
+  return convert_tensor(t, [](float f) { return f; });
+}
+}  // namespace detail
 
 // Host weights with the matrices stored as W: bf16 (rounded to nearest even) halves the bytes
 // a CPU decode step streams; float is a plain copy. Norms stay fp32.
 template <class W>
 Weights<cpu, W> convert_host_weights(const HostWeights& host) {
   static_assert(std::is_same_v<W, float> || std::is_same_v<W, bf16>,
-                "CPU weights are stored as float or bf16");
-  auto copy = [](const auto& t, auto convert) {
-    using T = decltype(convert(0.0f));
-    Tensor<T, cpu> out(t.shape());
-    const std::size_t count = static_cast<std::size_t>(t.numel());
-    DC_OMP(parallel for schedule(static))
-    for (std::size_t i = 0; i < count; ++i) out.data()[i] = convert(t.data()[i]);
-    return out;
-  };
+                "CPU weights are stored as float or bf16 (quantized: quantize_host_weights)");
   return transform_weights<cpu, W>(
-      host, [&](const Tensor<float, cpu>& t) { return copy(t, [](float f) { return from_float<W>(f); }); },
-      [&](const Tensor<float, cpu>& t) { return copy(t, [](float f) { return f; }); });
+      host,
+      [](const Tensor<float, cpu>& t) { return detail::convert_tensor(t, [](float f) { return from_float<W>(f); }); },
+      detail::copy_norm);
+}
+
+// Host weights with every matrix quantized to one block format by ggml's reference rules (a
+// GGUF file's own blocks are kept by load_gguf_quantized_weights in io/gguf_model.hpp instead).
+inline Weights<cpu, quantized> quantize_host_weights(const HostWeights& host, QuantFormat format) {
+  return transform_weights<cpu, quantized>(
+      host, [&](const Tensor<float, cpu>& t) { return QuantizedMatrix::quantize(format, t); }, detail::copy_norm);
 }
 
 // The same from weights the caller gives up: float keeps the loader's tensors (no copy); bf16
