@@ -45,8 +45,8 @@ def main():
         return "—" if v is None else f"{v:.1f}"
 
     print("| SmolLM2-135M, 2 threads | llama.cpp (Q4_1 + Q8_0) | distillcache fp32 | bf16 | "
-          "GGUF blocks (Q4_1 + Q8_0) | GGUF blocks / llama.cpp |")
-    print("|---|---:|---:|---:|---:|---:|")
+          "GGUF blocks (Q4_1 + Q8_0) | GGUF blocks + bf16 KV | best / llama.cpp |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     cases = [("decode at context 512", ("decode", 32, 512), "512"),
              ("decode at context 2048", ("decode", 32, 2048), "2048"),
              ("decode at context 8192", ("decode", 32, 8192), "8191")]
@@ -55,14 +55,26 @@ def main():
         f32 = mine.get(f"smollm2_decode/{arg}")
         bf16 = mine.get(f"smollm2_decode_bf16/{arg}")
         gguf = mine.get(f"smollm2_decode_gguf/{arg}")
-        ratio = f"{gguf / ref:.2f}x" if gguf and ref else "—"
-        print(f"| {label} | {fmt(ref)} | {fmt(f32)} | {fmt(bf16)} | {fmt(gguf)} | {ratio} |")
+        kv16 = mine.get(f"smollm2_decode_gguf_kv_bf16/{arg}")
+        best = max(v for v in (f32, bf16, gguf, kv16, 0.0) if v is not None)
+        ratio = f"{best / ref:.2f}x" if best and ref else "—"
+        print(f"| {label} | {fmt(ref)} | {fmt(f32)} | {fmt(bf16)} | {fmt(gguf)} | {fmt(kv16)} | {ratio} |")
     for n in (512, 2048):
         ref = llama.get(("prefill", n, 0), (None, None))[0]
         f32 = mine.get(f"smollm2_prefill/{n}/iterations:1")
         gguf = mine.get(f"smollm2_prefill_gguf/{n}/iterations:1")
         ratio = f"{gguf / ref:.2f}x" if gguf and ref else "—"
-        print(f"| prefill {n} | {fmt(ref)} | {fmt(f32)} | — | {fmt(gguf)} | {ratio} |")
+        print(f"| prefill {n} | {fmt(ref)} | {fmt(f32)} | — | {fmt(gguf)} | — | {ratio} |")
+    print()
+    print("Batched decoding, GGUF blocks + bf16 KV cache: tokens/s of all S sequences together; a 25 %")
+    print("budget of a 2k (8k) context is 512 (2048) cached tokens, the full cache 2048 (8191).")
+    print()
+    print("| cached tokens per sequence | S = 1 | S = 4 | S = 16 | llama.cpp, S = 1, full cache |")
+    print("|---|---:|---:|---:|---:|")
+    for cached, depth in ((512, None), (2048, 2048), (8191, 8192)):
+        row = [mine.get(f"smollm2_decode_batch_gguf_kv_bf16/sequences:{s}/cached:{cached}") for s in (1, 4, 16)]
+        ref = llama.get(("decode", 32, depth), (None, None))[0] if depth else None
+        print(f"| {cached} | " + " | ".join(fmt(v) for v in row) + f" | {fmt(ref)} |")
     print()
     print("Tokens per second (llama-bench: mean of its repetitions, tg32 after a prompt of the given")
     print("depth; bench_cpu: median of 3, one decode step at the given cache length, 8191 for 8192).")

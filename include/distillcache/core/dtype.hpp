@@ -108,6 +108,19 @@ inline float to_float_any(T v) {
   else return to_float(v);
 }
 
+// p[i] as float. bf16 is read through its raw 16 bits: GCC vectorises the widening of a
+// uint16_t array (vpmovzxwd, vpslld) but not the bit_cast of each bf16 struct, which left the
+// attention over a bf16 KV cache scalar. The same value as to_float_any(p[i]).
+template <class T>
+inline float element_as_float(const T* p, std::ptrdiff_t i) {
+  if constexpr (std::is_same_v<T, bf16>) {
+    static_assert(sizeof(bf16) == sizeof(std::uint16_t));
+    return std::bit_cast<float>(std::uint32_t(reinterpret_cast<const std::uint16_t*>(p)[i]) << 16);
+  } else {
+    return to_float_any(p[i]);
+  }
+}
+
 template <class T>
 inline T from_float(float f) {
   if constexpr (std::is_same_v<T, float>) return f;

@@ -81,7 +81,7 @@ void attention(const Context<cpu>&, float* out, const float* q, const KV* k_cach
         sum += p;
         weighted_score += p * shifted;
         const KV* vj = vh + std::int64_t(j) * hd;
-        for (int i = 0; i < hd; ++i) o[i] += p * to_float_any(vj[i]);
+        for (int i = 0; i < hd; ++i) o[i] += p * element_as_float(vj, i);
       }
       const float inv = 1.0f / sum;
       for (int i = 0; i < hd; ++i) o[i] *= inv;

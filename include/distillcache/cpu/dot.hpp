@@ -32,10 +32,10 @@ inline float dot(const float* DC_RESTRICT a, const T* DC_RESTRICT b, int n) {
   float acc[kLanes] = {};
   const int n_vec = n / kLanes * kLanes;
   for (int i = 0; i < n_vec; i += kLanes)
-    for (int l = 0; l < kLanes; ++l) acc[l] = multiply_add(a[i + l], to_float_any(b[i + l]), acc[l]);
+    for (int l = 0; l < kLanes; ++l) acc[l] = multiply_add(a[i + l], element_as_float(b, i + l), acc[l]);
   float sum = 0.0f;
   for (int l = 0; l < kLanes; ++l) sum += acc[l];
-  for (int i = n_vec; i < n; ++i) sum = multiply_add(a[i], to_float_any(b[i]), sum);
+  for (int i = n_vec; i < n; ++i) sum = multiply_add(a[i], element_as_float(b, i), sum);
   return sum;
 }
 

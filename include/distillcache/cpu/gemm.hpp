@@ -34,7 +34,7 @@ inline void gemm_micro(float* DC_RESTRICT y, int ldy, const float* DC_RESTRICT x
       for (int c = 0; c < kCols; ++c) {
         const float* xr = x + std::int64_t(r) * in + k;
         const W* wc = w + std::int64_t(c) * in + k;
-        for (int l = 0; l < kLanes; ++l) acc[r][c][l] = multiply_add(xr[l], to_float_any(wc[l]), acc[r][c][l]);
+        for (int l = 0; l < kLanes; ++l) acc[r][c][l] = multiply_add(xr[l], element_as_float(wc, l), acc[r][c][l]);
       }
     }
   }
@@ -43,7 +43,7 @@ inline void gemm_micro(float* DC_RESTRICT y, int ldy, const float* DC_RESTRICT x
       float sum = 0.0f;
       for (int l = 0; l < kLanes; ++l) sum += acc[r][c][l];
       for (int k = in_vec; k < in; ++k)
-        sum = multiply_add(x[std::int64_t(r) * in + k], to_float_any(w[std::int64_t(c) * in + k]), sum);
+        sum = multiply_add(x[std::int64_t(r) * in + k], element_as_float(w, std::int64_t(c) * in + k), sum);
       float& out = y[std::int64_t(r) * ldy + c];
       out = accumulate ? out + sum : sum;
     }
