@@ -103,6 +103,12 @@ TEST_CASE("activation blocks: half a step of error, exact integer sums, zero blo
   const dc::ActivationBlock z = dc::math::quantize_activation_block(zeros);
   CHECK(z.d == 0.0f);
   CHECK(z.sum == 0);
+  // A non-finite activation poisons its block's products (NaN, as fp32 would), not silently.
+  float bad[dc::kQuantBlock] = {};
+  bad[5] = NAN;
+  CHECK(std::isnan(dc::math::quantize_activation_block(bad).d));
+  bad[5] = INFINITY;
+  CHECK(std::isnan(dc::math::quantize_activation_block(bad).d));
 }
 
 TEST_CASE("every integer kernel gives the portable sums, which match the dequantized blocks") {
@@ -193,6 +199,10 @@ TEST_CASE("quantized matmul: the double product of the decoded operands; rows in
 TEST_CASE("quantized matrices refuse shapes that are not whole blocks, and mismatched products") {
   CHECK_THROWS_WITH_AS(dc::QuantizedMatrix(dc::QuantFormat::q4_1, 4, 40),
                        doctest::Contains("40 columns are not a whole number of blocks of 32"), dc::Error);
+  std::vector<float> with_nan(64, 0.5f);
+  with_nan[40] = NAN;
+  CHECK_THROWS_WITH_AS(dc::QuantizedMatrix::quantize(dc::QuantFormat::q4_0, matrix(1, 64, with_nan)),
+                       doctest::Contains("quantize: the matrix: entry 40 is NaN"), dc::Error);
   CHECK_THROWS_WITH_AS(dc::parse_quant_format("q5_1"), doctest::Contains("unknown quantized format 'q5_1'"),
                        dc::Error);
   const dc::QuantizedMatrix q(dc::QuantFormat::q8_0, 4, 64);

@@ -14,12 +14,14 @@
 // integers) or on the other rows of x: a batched decoding row equals the same row alone.
 #include <algorithm>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "../core/backend.hpp"
 #include "../core/buffer.hpp"
 #include "../core/config.hpp"
 #include "../core/error.hpp"
+#include "../core/finite.hpp"
 #include "../core/tensor.hpp"
 #include "../math/quant_blocks.hpp"
 #include "quant_dot.hpp"
@@ -36,6 +38,7 @@ class QuantizedMatrix {
   // Quantizes an fp32 [rows, cols] matrix by ggml's reference rules.
   static QuantizedMatrix quantize(QuantFormat format, const Tensor<float, cpu>& t) {
     DC_CHECK(t.shape().rank == 2, "quantize: expected a matrix, got shape ", t.shape().str());
+    check_all_finite(std::span<const float>(t.data(), std::size_t(t.numel())), "quantize: the matrix");
     QuantizedMatrix m(format, t.dim(0), t.dim(1));
     const std::int64_t blocks = m.rows_ * m.blocks_per_row();
     const std::size_t stride = quant_block_bytes(format);

@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <string_view>
 
 #if defined(__F16C__) && !defined(__CUDACC__)
@@ -90,11 +91,21 @@ inline void store_half(std::uint8_t* p, float v) {
   std::memcpy(p, &bits, 2);
 }
 
-// Symmetric 8-bit quantization of 32 activations: d = max|x| / 127, q = round(x / d).
+// Symmetric 8-bit quantization of 32 activations: d = max|x| / 127, q = round(x / d). A NaN or
+// infinite activation makes d NaN, so the products it enters are NaN as in fp32 (and the
+// transformer's check of its logits reports it) instead of finite garbage.
 inline ActivationBlock quantize_activation_block(const float* x) {
   float amax = 0.0f;
-  for (int i = 0; i < kQuantBlock; ++i) amax = std::max(amax, std::fabs(x[i]));
+  bool finite = true;
+  for (int i = 0; i < kQuantBlock; ++i) {
+    amax = std::max(amax, std::fabs(x[i]));
+    finite = finite && std::isfinite(x[i]);
+  }
   ActivationBlock b;
+  if (!finite) {
+    b.d = std::numeric_limits<float>::quiet_NaN();
+    return b;
+  }
   b.d = amax / 127.0f;
   const float id = b.d != 0.0f ? 1.0f / b.d : 0.0f;
   for (int i = 0; i < kQuantBlock; ++i) {
