@@ -2,6 +2,7 @@
 //  - decode step with attention statistics on vs off, at contexts 1k to 8k;
 //  - one eviction (gather features + score + select + compact) at 25 % budget, per token of chunk,
 //    with H2O and with the learned MLP policy, and the scoring alone;
+//  - the decoder's own eviction at a 25 % budget (B + 16 slots back to B), per token;
 //  - decode step time at a 25 % budget (evicting every 16 tokens) vs the full cache at 8k.
 //
 //   build/bench/bench_eviction --benchmark_out=bench/results/eviction_cpu.json --benchmark_out_format=json
@@ -52,6 +53,32 @@ void evict_once(benchmark::State& state) {
   // Decode-mode eviction runs once per chunk (16) tokens: the amortised per-token cost.
   state.counters["per_token_us_chunk16"] =
       benchmark::Counter(double(state.iterations()) * 16, benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+}
+
+// The eviction a decoder runs every 16 tokens at a 25 % budget: a cache of B + 16 slots back to
+// B, at head granularity with H2O (features, scores, top-B, compaction), B = 2048 (25 % of 8k)
+// and 512 (of 2k). Divided by 16 it is the per-token cost to set against a decode step at the
+// same length (decode_with_statistics). Arg 0: B.
+void evict_decode_chunk(benchmark::State& state) {
+  const int budget = int(state.range(0)), chunk = 16, context = budget + chunk;
+  auto& model = dc_bench::smollm2_model(1);
+  auto full = model.make_cache(context);
+  dc_bench::fill_cache(full, context);
+  auto cache = model.make_cache(context);
+  dc::H2OPolicy h2o;
+  std::vector<float> scores;
+  for (auto _ : state) {
+    state.PauseTiming();
+    cache.copy_from(model.context(), full);
+    state.ResumeTiming();
+    const dc::TokenFeatures f = dc::gather_features(model.context(), cache, dc::Granularity::head);
+    f.validate();  // as the decoder does before a policy sees them
+    scores.assign(std::size_t(f.size), 0.0f);
+    h2o.score(f, budget, scores);
+    dc::compact_groups(model.context(), cache, f, dc::select_keep_groups(scores, f, budget));
+  }
+  state.counters["per_token_us"] = benchmark::Counter(double(state.iterations()) * chunk,
+                                                      benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
 }
 
 // Scoring alone (the policy's share of an eviction) on the features of a filled cache at head
@@ -106,6 +133,7 @@ BENCHMARK(decode_with_statistics)
 BENCHMARK(evict_once)
     ->ArgsProduct({{1024, 2048, 4096, 8191}, {0, 1, 2}, {0, 1}})
     ->Unit(benchmark::kMicrosecond);
+BENCHMARK(evict_decode_chunk)->Arg(512)->Arg(2048)->Unit(benchmark::kMicrosecond);
 BENCHMARK(score_only)->ArgsProduct({{1024, 8191}, {0, 1}})->Unit(benchmark::kMicrosecond);
 BENCHMARK(decode_budget_vs_full)
     ->Args({0, 0})

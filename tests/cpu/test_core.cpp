@@ -2,7 +2,10 @@
 // KV-cache positions and byte accounting.
 #include <doctest/doctest.h>
 
+#include <cmath>
+#include <limits>
 #include <string>
+#include <vector>
 
 #include <distillcache/distillcache.hpp>
 
@@ -99,4 +102,28 @@ TEST_CASE("KV cache hands out consecutive positions and accounts bytes exactly")
   CHECK_THROWS_AS(dc::KVCache<dc::cpu>(dc::cache_shape_of(c), 0), dc::Error);
   cache.clear();
   CHECK(cache.length() == 0);
+}
+
+TEST_CASE("all_finite and check_all_finite find every kind of non-finite entry, anywhere") {
+  // all_finite is the vectorised pass (x - x == 0); check it against std::isfinite at every
+  // position of an array longer than a few vectors, for NaN, +-inf, and finite extremes.
+  const float specials[] = {std::numeric_limits<float>::quiet_NaN(), INFINITY, -INFINITY};
+  const float finite[] = {0.0f, -0.0f, std::numeric_limits<float>::max(),
+                          -std::numeric_limits<float>::max(), std::numeric_limits<float>::denorm_min(),
+                          1e-30f};
+  std::vector<float> v(77);
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = finite[i % std::size(finite)];
+  CHECK(dc::all_finite(v));
+  CHECK_NOTHROW(dc::check_all_finite(v, "values"));
+  CHECK(dc::all_finite(std::span<const float>()));
+  for (std::size_t at : {std::size_t(0), std::size_t(15), std::size_t(16), std::size_t(76)})
+    for (float bad : specials) {
+      std::vector<float> w = v;
+      w[at] = bad;
+      CHECK_FALSE(dc::all_finite(w));
+      const std::string expected =
+          "values: entry " + std::to_string(at) + " is " + dc::describe_non_finite(bad);
+      CHECK_THROWS_WITH_AS(dc::check_all_finite(w, "values"), doctest::Contains(expected.c_str()),
+                           dc::Error);
+    }
 }

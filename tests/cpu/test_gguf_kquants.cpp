@@ -73,7 +73,9 @@ TEST_CASE("Q5_0, Q4_K and Q6_K dequantize bit for bit as gguf.quants.dequantize"
   const dc::SafetensorsFile expected(kDir + "/kquants_expected.safetensors");
   const std::map<std::string, dc::GgmlType> types = {
       {"q4_k", dc::GgmlType::q4_k}, {"q6_k", dc::GgmlType::q6_k}, {"q5_0", dc::GgmlType::q5_0}};
-  for (const auto& [name, type] : types) {
+  for (const auto& entry : types) {
+    const std::string& name = entry.first;  // not a structured binding: clang 14 cannot capture one
+    const dc::GgmlType type = entry.second;
     CAPTURE(name);
     const dc::GgufTensorInfo& info = f.tensor(name);
     REQUIRE(info.ggml_type() == type);

@@ -243,6 +243,56 @@ TEST_CASE("attention statistics: a negative first_observed observes every query,
   CHECK(StatisticsCase::queries_of_slot0(c.run(c.n), c) == 0.0f);  // none observed
 }
 
+TEST_CASE("the CPU statistics fold gives bitwise the per-slot formula's sums") {
+  // fold_statistics_cpu turns math::fold_slot_statistics's loops inside out (slots innermost, in
+  // runs) to vectorise them; every slot must still get the formula's sums in its order. 4 query
+  // heads on 2 KV heads, a window of 300 so that some observed queries miss some slots, 700 slots
+  // (runs of 256 plus a remainder), 3 observed queries, a block that already holds sums.
+  const dc::AttentionShape s{4, 2, 8, 300, 1.0f, 1024};
+  const int len = 700, observed = 3, group = 2;
+  std::vector<std::int32_t> key_pos(std::size_t(s.num_kv_heads) * s.capacity, -1);
+  for (int g = 0; g < s.num_kv_heads; ++g)
+    for (int j = 0; j < len; ++j) key_pos[std::size_t(g) * s.capacity + j] = 2 * j + g;  // evicted gaps
+  const std::vector<std::int32_t> observed_pos{1390, 1395, 1400};
+  auto probs = random_vector(std::size_t(observed) * s.num_heads * len, 31);
+  auto entropy = random_vector(std::size_t(observed) * s.num_heads, 32);
+  for (std::size_t r = 0; r < std::size_t(observed); ++r)
+    for (int h = 0; h < s.num_heads; ++h)
+      for (int j = 0; j < len; ++j) {
+        float& p = probs[(r * s.num_heads + h) * len + j];
+        const int kp = key_pos[std::size_t(dc::math::kv_head_of(h, 4, 2)) * s.capacity + j];
+        p = dc::math::attends(observed_pos[r], kp, s.window) ? std::fabs(p) : 0.0f;
+      }
+  for (float& e : entropy) e = std::fabs(e) * 3.0f;
+  const auto initial = random_vector(std::size_t(dc::stat_block_floats(4, 2, s.capacity)), 33);
+  std::vector<float> fast = initial, reference = initial;
+  dc::cpu_detail::fold_statistics_cpu(fast.data(), probs.data(), entropy.data(), key_pos.data(),
+                                      observed_pos.data(), observed, len, s);
+  const int rows = dc::stat_rows_per_kv_head(group);
+  for (int g = 0; g < s.num_kv_heads; ++g)
+    for (int j = 0; j < len; ++j) {
+      const int key = key_pos[std::size_t(g) * s.capacity + j];
+      dc::math::fold_slot_statistics(
+          reference.data() + std::size_t(g) * rows * s.capacity, s.capacity, j, observed, group,
+          [&](int r) { return dc::math::attends(observed_pos[std::size_t(r)], key, s.window); },
+          [&](int r, int h, float& p, float& row_entropy) {
+            const std::size_t row = std::size_t(r) * s.num_heads + std::size_t(g) * group + h;
+            p = probs[row * len + j];
+            row_entropy = entropy[row];
+          });
+    }
+  CHECK(fast == reference);
+  // The window: slot 0 (position 0) is seen by no observed query, slot 695 (position 1390) by all
+  // three, slot 699 (position 1398) by the newest only.
+  auto queries_added = [&](int j) {
+    const std::size_t i = std::size_t(dc::kStatQueries) * s.capacity + std::size_t(j);
+    return double(fast[i]) - double(initial[i]);
+  };
+  CHECK(queries_added(0) == doctest::Approx(0.0));
+  CHECK(queries_added(695) == doctest::Approx(3.0));
+  CHECK(queries_added(699) == doctest::Approx(1.0));
+}
+
 TEST_CASE("bf16 and f16 conversions round to nearest even and keep specials") {
   CHECK(dc::to_float(dc::to_bf16(1.0f)) == 1.0f);
   CHECK(dc::to_bf16(1.00390625f).bits == 0x3f80);   // exactly halfway, ties to even (down)

@@ -144,7 +144,9 @@ void check_same(const dc::PolicyCheckpoint& got, const dc::PolicyCheckpoint& wan
   CHECK(got == want);
   CHECK(same_bits(got.weights, want.weights));
   REQUIRE(got.state.size() == want.state.size());
-  for (const auto& [name, values] : want.state) {
+  for (const auto& entry : want.state) {
+    const auto& name = entry.first;  // not a structured binding: clang 14 cannot capture one
+    const auto& values = entry.second;
     CAPTURE(name);
     REQUIRE(got.state.count(name) == 1);
     CHECK(same_bits(got.state.at(name), values));

@@ -139,11 +139,12 @@ struct TokenFeatures {
       next = groups[g].row_end;
     }
     DC_CHECK(next == size, "features: groups cover ", next, " of ", size, " rows");
-    for (int f = 0; f < kNumFeatures; ++f)
-      for (int r = 0; r < size; ++r)
-        if (!std::isfinite(feature(r, Feature(f))))
-          DC_FAIL("features: '", feature_name(Feature(f)), "' of row ", r, " is ",
-                  describe_non_finite(feature(r, Feature(f))));
+    if (!all_finite(x))  // then find the first bad entry, feature by feature, for the message
+      for (int f = 0; f < kNumFeatures; ++f)
+        for (int r = 0; r < size; ++r)
+          if (!std::isfinite(feature(r, Feature(f))))
+            DC_FAIL("features: '", feature_name(Feature(f)), "' of row ", r, " is ",
+                    describe_non_finite(feature(r, Feature(f))));
     check_all_finite(accumulated_mass, "features: 'accumulated_mass'");
     check_all_finite(last_query_mass, "features: 'last_query_mass'");
     check_all_finite(key_norm, "features: 'key_norm'");
@@ -153,19 +154,25 @@ struct TokenFeatures {
 
 namespace detail {
 
-// Appends the rows of one group covering the evictable layers of [l0, l1) and KV heads [h0, h1),
-// which must all hold the same slots; stats[l] is layer l's block copied to the host as
-// [kv_heads, rows, n] (n = the layer's length: the valid slots only), expected[l] its expected
-// attention [kv_heads, n] (empty without query statistics).
-inline void append_group_rows(TokenFeatures& f, const std::vector<std::vector<float>>& stats,
-                              const std::vector<std::vector<float>>& expected,
-                              const std::vector<bool>& evictable,
-                              const std::vector<std::int32_t>& positions, int l0, int l1, int h0,
-                              int h1, int group_size) {
+// One layer's statistics as the gather reads them: [kv_heads, rows, stride] floats on the host
+// (the cache's own block on the CPU, stride = capacity; a host copy of the valid slots from a
+// GPU, stride = length).
+struct HostStatistics {
+  const float* data = nullptr;
+  std::int64_t stride = 0;
+};
+
+// Writes the rows of group g, which covers the evictable layers of [l0, l1) and KV heads
+// [h0, h1) (all holding the same slots, at the given positions) and starts at row0 of f, whose
+// columns are already sized. expected[l] is layer l's expected attention [kv_heads, n] (empty
+// without query statistics). Touches only the group's rows, so groups may run in parallel.
+inline void write_group_rows(TokenFeatures& f, int g, int row0,
+                             const std::vector<HostStatistics>& stats,
+                             const std::vector<std::vector<float>>& expected,
+                             const std::vector<bool>& evictable,
+                             const std::vector<std::int32_t>& positions, int l0, int l1, int h0,
+                             int h1, int group_size) {
   const int n = int(positions.size()), rows_per_head = stat_rows_per_kv_head(group_size);
-  const std::int64_t stride = n;
-  const int g = f.num_groups();
-  f.groups.push_back({l0, l1, h0, h1, f.size, f.size + n});
   int layers = 0;
   for (int l = l0; l < l1; ++l) layers += evictable[std::size_t(l)] ? 1 : 0;
   const float covered = float(layers * (h1 - h0));
@@ -177,20 +184,21 @@ inline void append_group_rows(TokenFeatures& f, const std::vector<std::vector<fl
     std::fill(head_mass.begin(), head_mass.end(), 0.0f);
     for (int l = l0; l < l1; ++l) {
       if (!evictable[std::size_t(l)]) continue;
+      const HostStatistics& layer = stats[std::size_t(l)];
       for (int h = h0; h < h1; ++h) {
-        const float* block = stats[std::size_t(l)].data() + std::int64_t(h) * rows_per_head * stride;
-        auto at = [&](int r) { return block[std::int64_t(r) * stride + i]; };
+        const float* block = layer.data + std::int64_t(h) * rows_per_head * layer.stride;
+        auto at = [&](int r) { return block[std::int64_t(r) * layer.stride + i]; };
         mass += at(kStatMass);
         entropy_mass += at(kStatEntropyMass);
         value_norm += at(kStatValueNorm);
         key_norm += at(kStatKeyNorm);
         last += at(kStatLastMass);
-        if (f.has_expected_attention) expected_mass += expected[std::size_t(l)][std::size_t(h) * stride + i];
+        if (f.has_expected_attention) expected_mass += expected[std::size_t(l)][std::size_t(h) * n + i];
         for (int q = 0; q < group_size; ++q)
           head_mass[std::size_t((h - h0) * group_size + q)] += at(kStatHeadMass + q);
       }
       // Every KV head of a layer sees the same queries for the same slot: count them once.
-      queries += stats[std::size_t(l)][std::size_t((std::int64_t(h0) * rows_per_head + kStatQueries) * stride + i)];
+      queries += layer.data[(std::int64_t(h0) * rows_per_head + kStatQueries) * layer.stride + i];
     }
     const int position = positions[std::size_t(i)];
     float sum = 0.0f, sum_squares = 0.0f;  // mean mass per observed query, per query head
@@ -199,21 +207,21 @@ inline void append_group_rows(TokenFeatures& f, const std::vector<std::vector<fl
       sum += per_query;
       sum_squares += per_query * per_query;
     }
-    const float row[kNumFeatures] = {
-        math::feature_alpha(mass, queries, query_heads), value_norm / covered,
-        math::variance_from_sums(sum, sum_squares, query_heads),
-        math::feature_entropy(entropy_mass, mass),
-        math::feature_position(position, f.latest_position)};
-    f.x.insert(f.x.end(), row, row + kNumFeatures);
-    f.group.push_back(g);
-    f.slot.push_back(i);
-    f.position.push_back(position);
-    f.accumulated_mass.push_back(mass);
-    f.last_query_mass.push_back(last / float(layers) / float(query_heads));
-    f.key_norm.push_back(key_norm / covered);
-    f.expected_attention.push_back(expected_mass / covered);
+    const std::size_t row = std::size_t(row0 + i);
+    float* x = f.x.data() + row * kNumFeatures;
+    x[int(Feature::alpha)] = math::feature_alpha(mass, queries, query_heads);
+    x[int(Feature::value_norm)] = value_norm / covered;
+    x[int(Feature::head_variance)] = math::variance_from_sums(sum, sum_squares, query_heads);
+    x[int(Feature::entropy)] = math::feature_entropy(entropy_mass, mass);
+    x[int(Feature::position)] = math::feature_position(position, f.latest_position);
+    f.group[row] = g;
+    f.slot[row] = i;
+    f.position[row] = position;
+    f.accumulated_mass[row] = mass;
+    f.last_query_mass[row] = last / float(layers) / float(query_heads);
+    f.key_norm[row] = key_norm / covered;
+    f.expected_attention[row] = expected_mass / covered;
   }
-  f.size += n;
 }
 
 }  // namespace detail
@@ -243,14 +251,22 @@ TokenFeatures gather_features(const Context<B>& ctx, const KVCache<B>& cache,
   TokenFeatures f;
   f.granularity = granularity;
   f.latest_position = cache.next_position() - 1;
-  // Host copies of each layer's statistics, the valid slots of every row: [kv_heads, rows, n].
+  // Each layer's statistics on the host, [kv_heads, rows, stride]: read in place on the CPU; a
+  // copy of the valid slots (stride = length) from a GPU.
   const std::size_t block = std::size_t(kv_heads) * cache.stat_rows();
-  std::vector<std::vector<float>> stats(static_cast<std::size_t>(layers));
+  std::vector<detail::HostStatistics> stats(static_cast<std::size_t>(layers));
+  std::vector<std::vector<float>> host_copies(static_cast<std::size_t>(layers));
   for (int l = 0; l < layers; ++l) {
     if (!evictable[std::size_t(l)]) continue;
     const std::size_t n = std::size_t(cache.length(l));
-    stats[std::size_t(l)].resize(block * n);
-    copy_rows_to_host(ctx, stats[std::size_t(l)].data(), cache.stats(l), std::size_t(cap), n, block);
+    if constexpr (std::same_as<B, cpu>) {
+      stats[std::size_t(l)] = {cache.stats(l), cap};
+    } else {
+      auto& copy = host_copies[std::size_t(l)];
+      copy.resize(block * n);
+      copy_rows_to_host(ctx, copy.data(), cache.stats(l), std::size_t(cap), n, block);
+      stats[std::size_t(l)] = {copy.data(), std::int64_t(n)};
+    }
   }
   std::vector<std::vector<float>> expected(static_cast<std::size_t>(layers));
   f.has_expected_attention = cache.collecting_queries();
@@ -259,29 +275,50 @@ TokenFeatures gather_features(const Context<B>& ctx, const KVCache<B>& cache,
       if (!evictable[std::size_t(l)]) continue;
       const std::size_t n = std::size_t(cache.length(l));
       std::vector<float> value_norm(std::size_t(kv_heads) * n);
+      const detail::HostStatistics& layer = stats[std::size_t(l)];
       for (int h = 0; h < kv_heads; ++h)
-        std::copy_n(stats[std::size_t(l)].data() + (std::size_t(h) * cache.stat_rows() + kStatValueNorm) * n, n,
-                    value_norm.data() + std::size_t(h) * n);
+        std::copy_n(layer.data + (std::int64_t(h) * cache.stat_rows() + kStatValueNorm) * layer.stride,
+                    n, value_norm.data() + std::size_t(h) * n);
       expected[std::size_t(l)] = expected_attention(ctx, cache, l, value_norm);
     }
+  // The groups in row order: the layers and KV heads each covers, and its slots' positions.
+  struct Plan {
+    int l0, l1, h0, h1;
+    const std::vector<std::int32_t>* positions;
+  };
+  std::vector<Plan> plans;
   switch (granularity) {
     case Granularity::shared:
-      detail::append_group_rows(f, stats, expected, evictable, cache.host_positions(reference), 0,
-                                layers, 0, kv_heads, group_size);
+      plans.push_back({0, layers, 0, kv_heads, &cache.host_positions(reference)});
       break;
     case Granularity::layer:
       for (int l = 0; l < layers; ++l)
-        if (evictable[std::size_t(l)])
-          detail::append_group_rows(f, stats, expected, evictable, cache.host_positions(l), l, l + 1,
-                                    0, kv_heads, group_size);
+        if (evictable[std::size_t(l)]) plans.push_back({l, l + 1, 0, kv_heads, &cache.host_positions(l)});
       break;
     case Granularity::head:
       for (int l = 0; l < layers; ++l)
         if (evictable[std::size_t(l)])
-          for (int h = 0; h < kv_heads; ++h)
-            detail::append_group_rows(f, stats, expected, evictable, cache.host_positions(l, h), l,
-                                      l + 1, h, h + 1, group_size);
+          for (int h = 0; h < kv_heads; ++h) plans.push_back({l, l + 1, h, h + 1, &cache.host_positions(l, h)});
       break;
+  }
+  for (const Plan& p : plans) {
+    const int n = int(p.positions->size());
+    f.groups.push_back({p.l0, p.l1, p.h0, p.h1, f.size, f.size + n});
+    f.size += n;
+  }
+  const std::size_t rows = std::size_t(f.size);
+  f.x.resize(rows * kNumFeatures);
+  for (auto* column : {&f.group, &f.slot, &f.position}) column->resize(rows);
+  for (auto* column : {&f.accumulated_mass, &f.last_query_mass, &f.key_norm, &f.expected_attention})
+    column->resize(rows);
+  // Groups write disjoint rows: one task each (90 at head granularity on SmolLM2), in any order
+  // and on any thread with the same result.
+  const int num_plans = int(plans.size());
+  DC_OMP(parallel for schedule(dynamic) if (num_plans > 1 && rows > 4096))
+  for (int g = 0; g < num_plans; ++g) {
+    const Plan& p = plans[std::size_t(g)];
+    detail::write_group_rows(f, g, f.groups[std::size_t(g)].row_begin, stats, expected, evictable,
+                             *p.positions, p.l0, p.l1, p.h0, p.h1, group_size);
   }
   return f;
 }

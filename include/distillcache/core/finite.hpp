@@ -20,8 +20,18 @@ inline const char* describe_non_finite(float x) {
   return std::isnan(x) ? "NaN" : x > 0 ? "+inf" : "-inf";
 }
 
+// True when every entry is finite. x - x is +0 for a finite x and NaN for inf or NaN; the
+// integer OR vectorises (a loop that stops at the first bad entry does not), which matters
+// where every eviction checks its 700k feature entries.
+inline bool all_finite(std::span<const float> values) {
+  int bad = 0;
+  for (const float x : values) bad |= !(x - x == 0.0f);
+  return bad == 0;
+}
+
 // what names the data in the message, e.g. "feature 'alpha'".
 inline void check_all_finite(std::span<const float> values, std::string_view what) {
+  if (all_finite(values)) return;
   for (std::size_t i = 0; i < values.size(); ++i)
     if (!std::isfinite(values[i]))
       DC_FAIL(what, ": entry ", i, " is ", describe_non_finite(values[i]));

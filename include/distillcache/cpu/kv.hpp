@@ -4,6 +4,7 @@
 //
 // Layouts (cache/kv_cache.hpp): K/V [kv_heads, capacity, head_dim]; statistics
 // [kv_heads, rows, capacity] (rows = stat_rows_per_kv_head(group), math/features.hpp).
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <span>
@@ -52,14 +53,20 @@ void kv_compact(const Context<cpu>&, KV* k_cache, KV* v_cache, float* stats, int
                 int rows_of_stats, int capacity, std::span<const std::int32_t> keep, int count) {
   for (int h = 0; h < kv_heads; ++h) {
     const std::int32_t* head_keep = keep.data() + std::size_t(h) * count;
-    for (int i = 0; i < count; ++i) {
-      const std::int64_t src = (std::int64_t(h) * capacity + head_keep[i]) * head_dim;
-      const std::int64_t dst = (std::int64_t(h) * capacity + i) * head_dim;
-      if (src == dst) continue;
-      for (int e = 0; e < head_dim; ++e) {
-        k_cache[dst + e] = k_cache[src + e];
-        v_cache[dst + e] = v_cache[src + e];
+    // Kept slots come in runs of consecutive slots (all but the evicted few): one move per run.
+    // Runs only ever move towards the front (keep is ascending, so head_keep[i] >= i), and
+    // std::copy front-to-back is safe for such overlaps.
+    for (int i = 0; i < count;) {
+      int end = i + 1;
+      while (end < count && head_keep[end] == head_keep[end - 1] + 1) ++end;
+      if (head_keep[i] != i) {
+        const std::int64_t src = (std::int64_t(h) * capacity + head_keep[i]) * head_dim;
+        const std::int64_t dst = (std::int64_t(h) * capacity + i) * head_dim;
+        const std::int64_t elements = std::int64_t(end - i) * head_dim;
+        std::copy(k_cache + src, k_cache + src + elements, k_cache + dst);
+        std::copy(v_cache + src, v_cache + src + elements, v_cache + dst);
       }
+      i = end;
     }
     if (!stats) continue;
     for (int r = 0; r < rows_of_stats; ++r) {

@@ -10,62 +10,98 @@
 #include <vector>
 
 #include "../cache/keep_sets.hpp"
+#include "../core/config.hpp"
 #include "../core/error.hpp"
 
 namespace dc {
 
-// positions[i] is slot i's position (ascending in slot order is not assumed).
-inline std::vector<std::int32_t> select_keep(std::span<const float> scores,
-                                             std::span<const std::int32_t> positions, int budget,
-                                             int sink = 0, int recent = 0) {
-  const int n = static_cast<int>(scores.size());
-  DC_CHECK(positions.size() == scores.size(), "select_keep: ", scores.size(), " scores for ",
-           positions.size(), " positions");
+namespace detail {
+
+// The checks of select_keep, apart so that a parallel caller can run them first (nothing may
+// throw inside an OpenMP region).
+inline void check_selection(std::span<const float> scores, std::span<const std::int32_t> positions,
+                            int budget, int sink, int recent) {
+  const auto n = scores.size();
+  DC_CHECK(positions.size() == n, "select_keep: ", n, " scores for ", positions.size(), " positions");
   DC_CHECK(budget >= 0, "select_keep: negative budget ", budget);
   DC_CHECK(sink >= 0 && recent >= 0, "select_keep: sink ", sink, " and recent ", recent,
            " must be >= 0");
-  DC_CHECK(std::int64_t(sink) + recent <= budget || budget >= n, "select_keep: ", sink, " sink + ",
-           recent, " recent protected slots exceed the budget of ", budget);
-  for (int i = 0; i < n; ++i)
-    DC_CHECK(!std::isnan(scores[std::size_t(i)]), "select_keep: score of slot ", i, " is NaN");
+  DC_CHECK(std::int64_t(sink) + recent <= budget || std::size_t(budget) >= n, "select_keep: ", sink,
+           " sink + ", recent, " recent protected slots exceed the budget of ", budget);
+  for (std::size_t i = 0; i < n; ++i)
+    DC_CHECK(!std::isnan(scores[i]), "select_keep: score of slot ", i, " is NaN");
+}
+
+// select_keep on checked arguments; does not throw (but for memory).
+inline std::vector<std::int32_t> top_budget(std::span<const float> scores,
+                                            std::span<const std::int32_t> positions, int budget,
+                                            int sink, int recent) {
+  const int n = static_cast<int>(scores.size());
   std::vector<std::int32_t> keep(static_cast<std::size_t>(n));
   std::iota(keep.begin(), keep.end(), 0);
   if (budget >= n) return keep;
 
-  // Protected: the `sink` oldest and `recent` newest positions.
-  std::vector<std::int32_t> by_position = keep;
-  std::sort(by_position.begin(), by_position.end(),
-            [&](std::int32_t a, std::int32_t b) { return positions[std::size_t(a)] < positions[std::size_t(b)]; });
+  // Protected: the `sink` oldest and `recent` newest positions (none by default: no sort).
   std::vector<char> is_protected(std::size_t(n), 0);
-  for (int i = 0; i < std::min(sink, n); ++i) is_protected[std::size_t(by_position[std::size_t(i)])] = 1;
-  for (int i = std::max(0, n - recent); i < n; ++i) is_protected[std::size_t(by_position[std::size_t(i)])] = 1;
-
+  if (sink > 0 || recent > 0) {
+    std::vector<std::int32_t> by_position = keep;
+    std::sort(by_position.begin(), by_position.end(), [&](std::int32_t a, std::int32_t b) {
+      return positions[std::size_t(a)] < positions[std::size_t(b)];
+    });
+    for (int i = 0; i < std::min(sink, n); ++i) is_protected[std::size_t(by_position[std::size_t(i)])] = 1;
+    for (int i = std::max(0, n - recent); i < n; ++i) is_protected[std::size_t(by_position[std::size_t(i)])] = 1;
+  }
   auto better = [&](std::int32_t a, std::int32_t b) {
     if (is_protected[std::size_t(a)] != is_protected[std::size_t(b)]) return is_protected[std::size_t(a)] > is_protected[std::size_t(b)];
     if (scores[std::size_t(a)] != scores[std::size_t(b)]) return scores[std::size_t(a)] > scores[std::size_t(b)];
     return positions[std::size_t(a)] < positions[std::size_t(b)];
   };
   std::nth_element(keep.begin(), keep.begin() + budget, keep.end(), better);
-  keep.resize(std::size_t(budget));
-  std::sort(keep.begin(), keep.end());
+  // The first B are the kept slots; listing them in ascending order through a mask is linear,
+  // where sorting them is not (a decode-time eviction keeps 2048 of 2064).
+  std::vector<char> kept(std::size_t(n), 0);
+  for (int i = 0; i < budget; ++i) kept[std::size_t(keep[std::size_t(i)])] = 1;
+  keep.clear();
+  for (int slot = 0; slot < n; ++slot)
+    if (kept[std::size_t(slot)]) keep.push_back(slot);
   return keep;
+}
+
+}  // namespace detail
+
+// positions[i] is slot i's position (ascending in slot order is not assumed).
+inline std::vector<std::int32_t> select_keep(std::span<const float> scores,
+                                             std::span<const std::int32_t> positions, int budget,
+                                             int sink = 0, int recent = 0) {
+  detail::check_selection(scores, positions, budget, sink, recent);
+  return detail::top_budget(scores, positions, budget, sink, recent);
 }
 
 // The top-B of every group of f (scores: one per row), as kept slots in ascending order per
 // group (compact_groups applies them). sink and recent protect positions within each group.
+// Groups are independent: checked first, then selected in parallel.
 inline KeepSets select_keep_groups(std::span<const float> scores, const TokenFeatures& f,
                                    int budget, int sink = 0, int recent = 0) {
   DC_CHECK(scores.size() == std::size_t(f.size), "select_keep_groups: ", scores.size(),
            " scores for ", f.size, " rows");
+  const int groups = f.num_groups();
+  auto group_scores = [&](int g) {
+    const FeatureGroup& group = f.groups[std::size_t(g)];
+    return scores.subspan(std::size_t(group.row_begin), std::size_t(group.rows()));
+  };
+  auto group_positions = [&](int g) {
+    const FeatureGroup& group = f.groups[std::size_t(g)];
+    return std::span<const std::int32_t>(f.position).subspan(std::size_t(group.row_begin),
+                                                             std::size_t(group.rows()));
+  };
+  for (int g = 0; g < groups; ++g) detail::check_selection(group_scores(g), group_positions(g), budget, sink, recent);
   KeepSets keep(f.groups.size());
-  for (std::size_t g = 0; g < f.groups.size(); ++g) {
-    const FeatureGroup& group = f.groups[g];
-    const auto rows = std::size_t(group.row_begin), n = std::size_t(group.rows());
-    auto chosen = select_keep(scores.subspan(rows, n),
-                              std::span<const std::int32_t>(f.position).subspan(rows, n), budget,
-                              sink, recent);
+  DC_OMP(parallel for schedule(dynamic) if (groups > 1 && f.size > 4096))
+  for (int g = 0; g < groups; ++g) {
+    auto chosen = detail::top_budget(group_scores(g), group_positions(g), budget, sink, recent);
+    const auto rows = std::size_t(f.groups[std::size_t(g)].row_begin);
     for (auto& r : chosen) r = f.slot[rows + std::size_t(r)];  // row in group -> slot
-    keep[g] = std::move(chosen);
+    keep[std::size_t(g)] = std::move(chosen);
   }
   return keep;
 }
