@@ -39,6 +39,7 @@
 #include <cstdint>
 #include <span>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "../core/copy.hpp"
@@ -80,15 +81,19 @@ template <Backend B>
 class KVCache {
  public:
   KVCache() = default;
+  // Throws unless this backend can store K/V as kv_type (a transformer checks its setting here).
+  static void check_kv_type(DType kv_type) {
+    DC_CHECK(kv_type == DType::f32 || kv_type == DType::bf16, "KV cache: storage type ", dtype_name(kv_type),
+             " is not supported (f32 or bf16)");
+    DC_CHECK((std::is_same_v<B, cpu>) || kv_type == DType::f32,
+             "KV cache: bf16 storage is CPU only so far (the CUDA attention reads fp32 K/V)");
+  }
   KVCache(const CacheShape& shape, int capacity, DType kv_type = DType::f32)
       : layers_(shape.num_layers), heads_(shape.num_heads), kv_heads_(shape.num_kv_heads),
         head_dim_(shape.head_dim), max_position_(shape.max_position), capacity_(capacity),
         kv_type_(kv_type), windows_(shape.layer_windows) {
     shape.validate();
-    DC_CHECK(kv_type == DType::f32 || kv_type == DType::bf16, "KV cache: storage type ", dtype_name(kv_type),
-             " is not supported (f32 or bf16)");
-    DC_CHECK((std::is_same_v<B, cpu>) || kv_type == DType::f32,
-             "KV cache: bf16 storage is CPU only so far (the CUDA attention reads fp32 K/V)");
+    check_kv_type(kv_type);
     if (windows_.empty()) windows_.assign(std::size_t(layers_), 0);
     const bool all_windowed = std::all_of(windows_.begin(), windows_.end(), [](int w) { return w > 0; });
     for (int w : windows_) evictable_.push_back(w == 0 || all_windowed);
@@ -186,11 +191,11 @@ class KVCache {
   }
   template <class T>
   const T* keys_as(int layer) const {
-    return const_cast<KVCache*>(this)->storage<T>(layer, true);
+    return storage<T>(layer, true);
   }
   template <class T>
   const T* values_as(int layer) const {
-    return const_cast<KVCache*>(this)->storage<T>(layer, false);
+    return storage<T>(layer, false);
   }
   // The fp32 view (fails on a bf16 cache).
   float* keys(int layer) { return keys_as<float>(layer); }
@@ -410,6 +415,10 @@ class KVCache {
   }
   template <class T>
   T* storage(int layer, bool keys) {
+    return const_cast<T*>(std::as_const(*this).template storage<T>(layer, keys));
+  }
+  template <class T>
+  const T* storage(int layer, bool keys) const {
     const std::size_t l = index(layer, 0);
     DC_CHECK(dtype_of<T>::value == kv_type_, "KV cache: K/V read as ", dtype_name(dtype_of<T>::value),
              " but stored as ", dtype_name(kv_type_));

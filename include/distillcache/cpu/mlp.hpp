@@ -28,6 +28,92 @@ namespace cpu_detail {
 inline constexpr int kMlpTile = 32;
 inline constexpr std::int64_t kMlpChunkRows = 1024;  // rows per gradient partial sum
 
+// z[o, r] = b[o] + sum_i W[o, i] a[i, r] for the out units of a layer over one tile (a: [in, T],
+// z: [out, T]), in the order of i for every (o, r).
+#if defined(__GNUC__) && !defined(__CUDACC__)
+// Register-blocked with GCC/clang vector types: two units at a time, each tile row-block in four
+// 8-float vectors, so 8 independent FMA chains live in registers. Written as arrays, the
+// compiler kept one unit's 32 accumulators on the stack (perf annotate: every FMA read and wrote
+// memory) and the MLP ran at a tenth of the FMA peak. Same operations per (o, r) as the plain
+// loop below, so the same bits.
+using MlpVector = float __attribute__((vector_size(32)));
+inline MlpVector load_mlp_vector(const float* p) {
+  MlpVector v;
+  __builtin_memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void store_mlp_vector(float* p, MlpVector v) { __builtin_memcpy(p, &v, sizeof v); }
+inline MlpVector splat_mlp_vector(float x) { return MlpVector{x, x, x, x, x, x, x, x}; }
+
+inline void mlp_tile_units(const float* DC_RESTRICT W, const float* DC_RESTRICT b, int in, int out,
+                           const float* DC_RESTRICT a, float* DC_RESTRICT z) {
+  static_assert(kMlpTile == 32, "four 8-float vectors per tile row-block");
+  constexpr int T = kMlpTile;
+  int u = 0;
+  for (; u + 1 < out; u += 2) {
+    MlpVector c00 = splat_mlp_vector(b[u]), c01 = c00, c02 = c00, c03 = c00;
+    MlpVector c10 = splat_mlp_vector(b[u + 1]), c11 = c10, c12 = c10, c13 = c10;
+    const float* w0 = W + std::int64_t(u) * in;
+    const float* w1 = w0 + in;
+    for (int i = 0; i < in; ++i) {
+      const float* ai = a + i * T;
+      const MlpVector a0 = load_mlp_vector(ai), a1 = load_mlp_vector(ai + 8),
+                      a2 = load_mlp_vector(ai + 16), a3 = load_mlp_vector(ai + 24);
+      const float w0i = w0[i], w1i = w1[i];
+      c00 += w0i * a0;
+      c01 += w0i * a1;
+      c02 += w0i * a2;
+      c03 += w0i * a3;
+      c10 += w1i * a0;
+      c11 += w1i * a1;
+      c12 += w1i * a2;
+      c13 += w1i * a3;
+    }
+    float* z0 = z + u * T;
+    float* z1 = z0 + T;
+    store_mlp_vector(z0, c00);
+    store_mlp_vector(z0 + 8, c01);
+    store_mlp_vector(z0 + 16, c02);
+    store_mlp_vector(z0 + 24, c03);
+    store_mlp_vector(z1, c10);
+    store_mlp_vector(z1 + 8, c11);
+    store_mlp_vector(z1 + 16, c12);
+    store_mlp_vector(z1 + 24, c13);
+  }
+  for (; u < out; ++u) {  // an odd last unit (the output layer's single one)
+    MlpVector c0 = splat_mlp_vector(b[u]), c1 = c0, c2 = c0, c3 = c0;
+    const float* w = W + std::int64_t(u) * in;
+    for (int i = 0; i < in; ++i) {
+      const float* ai = a + i * T;
+      const float wi = w[i];
+      c0 += wi * load_mlp_vector(ai);
+      c1 += wi * load_mlp_vector(ai + 8);
+      c2 += wi * load_mlp_vector(ai + 16);
+      c3 += wi * load_mlp_vector(ai + 24);
+    }
+    store_mlp_vector(z + u * T, c0);
+    store_mlp_vector(z + u * T + 8, c1);
+    store_mlp_vector(z + u * T + 16, c2);
+    store_mlp_vector(z + u * T + 24, c3);
+  }
+}
+#else
+inline void mlp_tile_units(const float* DC_RESTRICT W, const float* DC_RESTRICT b, int in, int out,
+                           const float* DC_RESTRICT a, float* DC_RESTRICT z) {
+  constexpr int T = kMlpTile;
+  for (int o = 0; o < out; ++o) {
+    float acc[T];
+    for (int r = 0; r < T; ++r) acc[r] = b[o];
+    const float* w = W + std::int64_t(o) * in;
+    for (int i = 0; i < in; ++i) {
+      const float wi = w[i];
+      for (int r = 0; r < T; ++r) acc[r] += wi * a[i * T + r];
+    }
+    for (int r = 0; r < T; ++r) z[o * T + r] = acc[r];
+  }
+}
+#endif
+
 // One tile's forward: a [widest, tile] holds layer inputs, z the pre-activations.
 // Writes z of every hidden layer to saved (row-major per row) when it is not null, and the
 // output to scores.
@@ -44,16 +130,7 @@ inline void mlp_tile_forward(const MlpLayout& L, const float* DC_RESTRICT params
     const int in = L.in(l), out = L.out(l);
     const float* W = params + L.weight_offset(l);
     const float* b = params + L.bias_offset(l);
-    for (int o = 0; o < out; ++o) {
-      float acc[T];
-      for (int r = 0; r < T; ++r) acc[r] = b[o];
-      const float* w = W + std::int64_t(o) * in;
-      for (int i = 0; i < in; ++i) {
-        const float wi = w[i];
-        for (int r = 0; r < T; ++r) acc[r] += wi * a[i * T + r];
-      }
-      for (int r = 0; r < T; ++r) z[o * T + r] = acc[r];
-    }
+    mlp_tile_units(W, b, in, out, a, z);
     if (l + 1 == L.layers()) {
       for (int r = 0; r < rows; ++r) scores[row0 + r] = z[r];
       break;

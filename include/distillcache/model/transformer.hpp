@@ -85,7 +85,7 @@ class Transformer {
     return KVCache<B>(cache_shape_of(cfg_), capacity, kv_type);
   }
   void set_kv_type(DType kv_type) {
-    KVCache<B>(cache_shape_of(cfg_), 1, kv_type);  // refuses what a cache would refuse, now
+    KVCache<B>::check_kv_type(kv_type);  // refuses what a cache would refuse, now
     kv_type_ = kv_type;
   }
   DType kv_type() const { return kv_type_; }
