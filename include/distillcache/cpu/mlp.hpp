@@ -30,12 +30,13 @@ inline constexpr std::int64_t kMlpChunkRows = 1024;  // rows per gradient partia
 
 // z[o, r] = b[o] + sum_i W[o, i] a[i, r] for the out units of a layer over one tile (a: [in, T],
 // z: [out, T]), in the order of i for every (o, r).
-#if defined(__GNUC__) && !defined(__CUDACC__)
+#if defined(__GNUC__) && !defined(__CUDACC__) && defined(__AVX__)
 // Register-blocked with GCC/clang vector types: two units at a time, each tile row-block in four
 // 8-float vectors, so 8 independent FMA chains live in registers. Written as arrays, the
 // compiler kept one unit's 32 accumulators on the stack (perf annotate: every FMA read and wrote
 // memory) and the MLP ran at a tenth of the FMA peak. Same operations per (o, r) as the plain
-// loop below, so the same bits.
+// loop below, so the same bits. Only where AVX is enabled: without it, functions that pass
+// 8-float vectors change the ABI (-Wpsabi), and the plain loop is what such a build can run.
 using MlpVector = float __attribute__((vector_size(32)));
 inline MlpVector load_mlp_vector(const float* p) {
   MlpVector v;
