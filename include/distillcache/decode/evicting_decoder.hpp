@@ -8,7 +8,10 @@
 //
 // Granularity: one keep-set for the whole cache (shared), one per layer, or one per (layer, KV
 // head); the policy's own finest granularity caps the request (policy.granularity_for). Every
-// group keeps B slots, so the cache holds exactly B (+ chunk) slots per layer and head.
+// group keeps B slots, so the cache holds exactly B (+ chunk) slots per layer and head -- unless
+// the policy shares the budget unevenly among layers (EvictionPolicy::layer_budget_weights, at
+// the layer and head granularities): layer l then keeps B_l slots per head, the B_l adding up to
+// B x (evictable layers) (math/layer_budgets.hpp), fixed at prompt compression for the whole run.
 //
 // What the budget counts: the slots of each evictable layer (KVCache::evictable). On a model
 // with local sliding-window layers (Gemma 3) those are the global layers; every eviction also
@@ -28,6 +31,7 @@
 #include "../cache/budget.hpp"
 #include "../cache/features.hpp"
 #include "../cache/keep_sets.hpp"
+#include "../math/layer_budgets.hpp"
 
 namespace dc {
 
@@ -101,10 +105,16 @@ class EvictingDecoder {
 
   // Chooses keep-sets with `selector` instead of the deterministic top-B (null: the top-B). The
   // selector must outlive the decoder's use of it.
-  void set_selector(KeepSetSelector* selector) { selector_ = selector; }
+  void set_selector(KeepSetSelector* selector) {
+    DC_CHECK(selector == nullptr || layer_budgets_.empty(), "EvictingDecoder: sampled keep-sets with "
+             "per-layer budgets are not supported yet");
+    selector_ = selector;
+  }
 
   const KVCache<B>& cache() const { return cache_; }
   int budget_tokens() const { return budget_tokens_; }
+  // Slots each layer keeps (math/layer_budgets.hpp); empty when every layer keeps budget_tokens().
+  const std::vector<int>& layer_budgets() const { return layer_budgets_; }
   int evictions() const { return evictions_; }
   // The granularity keep-sets are chosen at (the request, capped by the policy's rule).
   Granularity granularity() const { return granularity_; }
@@ -121,16 +131,35 @@ class EvictingDecoder {
   }
   void evict_if_due() {
     if (mode_ == EvictionMode::decode && policy_.evicts() &&
-        std::int64_t(cache_.evictable_length()) >= std::int64_t(budget_tokens_) + budget_.chunk)
+        std::int64_t(cache_.evictable_length()) >= std::int64_t(largest_budget_) + budget_.chunk)
       evict();
   }
 
   std::span<const float> compress_prompt(int n) {
     evictions_ = 0;
     budget_tokens_ = budget_.resolve(n);
+    resolve_layer_budgets(n);
     cache_.set_observed_from(0);  // from now on every query is observed
     if (policy_.evicts() && cache_.evictable_length() > budget_tokens_) evict();
     return logits_;
+  }
+
+  // layer_budgets_: empty when every layer keeps budget_tokens_.
+  void resolve_layer_budgets(int n) {
+    layer_budgets_.clear();
+    largest_budget_ = budget_tokens_;
+    const std::span<const double> weights = policy_.layer_budget_weights();
+    if (weights.empty() || granularity_ == Granularity::shared || !policy_.evicts()) return;
+    const int layers = cache_.num_layers();
+    DC_CHECK(int(weights.size()) == layers, "policy '", policy_.name(), "' gives budget weights for ",
+             weights.size(), " layers, the model has ", layers);
+    DC_CHECK(selector_ == nullptr, "EvictingDecoder: policy '", policy_.name(), "' shares the budget "
+             "unevenly among layers, which sampled keep-sets (the trainer's) do not support yet");
+    std::vector<char> evictable(static_cast<std::size_t>(layers));
+    for (int l = 0; l < layers; ++l) evictable[std::size_t(l)] = cache_.evictable(l);
+    layer_budgets_ = allocate_layer_budgets(weights, evictable, budget_tokens_, n,
+                                            std::max(1, budget_.sink + budget_.recent));
+    largest_budget_ = *std::max_element(layer_budgets_.begin(), layer_budgets_.end());
   }
 
   void evict() {
@@ -139,7 +168,9 @@ class EvictingDecoder {
     policy_.score(f, budget_tokens_, scores_);  // validates the features and the scores
     const KeepSets keep =
         selector_ ? selector_->select(f, scores_, budget_tokens_, budget_.sink, budget_.recent)
-                  : select_keep_groups(scores_, f, budget_tokens_, budget_.sink, budget_.recent);
+        : layer_budgets_.empty()
+            ? select_keep_groups(scores_, f, budget_tokens_, budget_.sink, budget_.recent)
+            : select_keep_groups(scores_, f, std::span<const int>(layer_budgets_), budget_.sink, budget_.recent);
     compact_groups(model_.context(), cache_, f, keep);
     ++evictions_;
   }
@@ -154,6 +185,8 @@ class EvictingDecoder {
   KeepSetSelector* selector_ = nullptr;
   std::vector<float> logits_, scores_;
   int budget_tokens_ = 0;
+  std::vector<int> layer_budgets_;
+  int largest_budget_ = 0;  // the most slots a layer keeps after an eviction
   int evictions_ = 0;
 };
 

@@ -8,6 +8,11 @@
 // +inf, as H2O keeps its recent half) and the MLP chooses the rest among the older rows. A
 // structural prior rather than a learned one: H2O's recency window is measured in units of the
 // budget, which the scale-free inputs do not see.
+//
+// layer_budget_weights (none by default): how the budget is shared among layers
+// (math/layer_budgets.hpp), calibrated on training text by measuring what evicting each layer
+// alone costs (eval/layer_sensitivity.hpp, examples/layer_budgets). Kept in the checkpoint's
+// "extra" object, so older files load unchanged.
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -71,6 +76,16 @@ class MlpPolicy final : public EvictionPolicy {
     }
     MlpLayout layout(int(inputs.size()), c.hidden, parse_activation(c.activation));
     MlpPolicy policy(std::move(inputs), std::move(layout), c.weights, window, std::move(name));
+    if (c.extra.contains("layer_budget_weights")) {
+      const auto& w = c.extra["layer_budget_weights"];
+      DC_CHECK(w.is_array() && !w.empty(), "policy checkpoint: 'layer_budget_weights' is not a non-empty array");
+      std::vector<double> weights;
+      for (const auto& v : w) {
+        DC_CHECK(v.is_number(), "policy checkpoint: 'layer_budget_weights' holds a non-number");
+        weights.push_back(v.get<double>());
+      }
+      policy.set_layer_budget_weights(std::move(weights));
+    }
     if (c.extra.contains("recent_fraction")) {
       DC_CHECK(c.extra["recent_fraction"].is_number(),
                "policy checkpoint: 'recent_fraction' is not a number");
@@ -88,7 +103,17 @@ class MlpPolicy final : public EvictionPolicy {
     c.weights = params_;
     c.extra["observation_window"] = window_;
     if (recent_fraction_ > 0.0) c.extra["recent_fraction"] = recent_fraction_;
+    if (!layer_weights_.empty()) c.extra["layer_budget_weights"] = layer_weights_;
     return c;
+  }
+
+  std::span<const double> layer_budget_weights() const override { return layer_weights_; }
+  // One positive, finite weight per model layer (the decoder checks the count); empty: uniform.
+  void set_layer_budget_weights(std::vector<double> weights) {
+    for (std::size_t l = 0; l < weights.size(); ++l)
+      DC_CHECK(std::isfinite(weights[l]) && weights[l] > 0.0, "mlp policy: the budget weight of layer ", l,
+               " is ", weights[l], "; weights must be positive and finite");
+    layer_weights_ = std::move(weights);
   }
 
   double recent_fraction() const { return recent_fraction_; }
@@ -131,6 +156,7 @@ class MlpPolicy final : public EvictionPolicy {
   std::vector<float> params_;
   int window_;
   double recent_fraction_ = 0.0;
+  std::vector<double> layer_weights_;
   std::string name_;
   std::vector<float> inputs_scratch_;
 };

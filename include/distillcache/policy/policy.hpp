@@ -37,6 +37,10 @@ class EvictionPolicy {
   Granularity granularity_for(Granularity requested) const {
     return int(requested) <= int(finest_granularity()) ? requested : finest_granularity();
   }
+  // Relative budget weights per layer (math/layer_budgets.hpp), one per model layer; empty (the
+  // default): every layer keeps the budget. Applied at the layer and head granularities (a shared
+  // keep-set has one budget for all layers).
+  virtual std::span<const double> layer_budget_weights() const { return {}; }
   // Scores for every row of f (scores.size() == f.size); budget is the number each group keeps.
   // Checks the arguments (consistent, finite features; matching sizes; budget >= 0) and the
   // scores the policy wrote (no NaN; +-inf are fine and mean "always" / "never"), then returns.

@@ -77,11 +77,11 @@ inline std::vector<std::int32_t> select_keep(std::span<const float> scores,
   return detail::top_budget(scores, positions, budget, sink, recent);
 }
 
-// The top-B of every group of f (scores: one per row), as kept slots in ascending order per
-// group (compact_groups applies them). sink and recent protect positions within each group.
-// Groups are independent: checked first, then selected in parallel.
-inline KeepSets select_keep_groups(std::span<const float> scores, const TokenFeatures& f,
-                                   int budget, int sink = 0, int recent = 0) {
+namespace detail {
+
+// The top-budgets[g] of every group g of f, as ascending kept slots per group.
+inline KeepSets select_groups(std::span<const float> scores, const TokenFeatures& f,
+                              std::span<const int> budgets, int sink, int recent) {
   DC_CHECK(scores.size() == std::size_t(f.size), "select_keep_groups: ", scores.size(),
            " scores for ", f.size, " rows");
   const int groups = f.num_groups();
@@ -94,16 +94,49 @@ inline KeepSets select_keep_groups(std::span<const float> scores, const TokenFea
     return std::span<const std::int32_t>(f.position).subspan(std::size_t(group.row_begin),
                                                              std::size_t(group.rows()));
   };
-  for (int g = 0; g < groups; ++g) detail::check_selection(group_scores(g), group_positions(g), budget, sink, recent);
+  for (int g = 0; g < groups; ++g)
+    check_selection(group_scores(g), group_positions(g), budgets[std::size_t(g)], sink, recent);
   KeepSets keep(f.groups.size());
   DC_OMP(parallel for schedule(dynamic) if (groups > 1 && f.size > 4096))
   for (int g = 0; g < groups; ++g) {
-    auto chosen = detail::top_budget(group_scores(g), group_positions(g), budget, sink, recent);
+    auto chosen = top_budget(group_scores(g), group_positions(g), budgets[std::size_t(g)], sink, recent);
     const auto rows = std::size_t(f.groups[std::size_t(g)].row_begin);
     for (auto& r : chosen) r = f.slot[rows + std::size_t(r)];  // row in group -> slot
     keep[std::size_t(g)] = std::move(chosen);
   }
   return keep;
+}
+
+}  // namespace detail
+
+// The top-B of every group of f (scores: one per row), as kept slots in ascending order per
+// group (compact_groups applies them). sink and recent protect positions within each group.
+// Groups are independent: checked first, then selected in parallel.
+inline KeepSets select_keep_groups(std::span<const float> scores, const TokenFeatures& f,
+                                   int budget, int sink = 0, int recent = 0) {
+  const std::vector<int> budgets(f.groups.size(), budget);
+  return detail::select_groups(scores, f, budgets, sink, recent);
+}
+
+// The same with a budget per layer (math/layer_budgets.hpp): a group keeps layer_budgets[l] of
+// the layer l it covers. A group covering several layers (a shared keep-set) needs them all to
+// have the same budget.
+inline KeepSets select_keep_groups(std::span<const float> scores, const TokenFeatures& f,
+                                   std::span<const int> layer_budgets, int sink = 0, int recent = 0) {
+  std::vector<int> budgets;
+  for (const FeatureGroup& g : f.groups) {
+    DC_CHECK(g.layer_begin >= 0 && g.layer_end <= int(layer_budgets.size()) && g.layer_begin < g.layer_end,
+             "select_keep_groups: a group covers layers ", g.layer_begin, " to ", g.layer_end - 1, ", ",
+             layer_budgets.size(), " layer budgets given");
+    const int b = layer_budgets[std::size_t(g.layer_begin)];
+    for (int l = g.layer_begin + 1; l < g.layer_end; ++l)
+      DC_CHECK(layer_budgets[std::size_t(l)] == b, "select_keep_groups: a keep-set shared by layers ",
+               g.layer_begin, " to ", g.layer_end - 1, " cannot keep ", b, " slots in layer ", g.layer_begin,
+               " and ", layer_budgets[std::size_t(l)], " in layer ", l, " (per-layer budgets need the layer or "
+               "head granularity)");
+    budgets.push_back(b);
+  }
+  return detail::select_groups(scores, f, budgets, sink, recent);
 }
 
 // How a keep-set is chosen from a policy's scores, for callers that need something other than

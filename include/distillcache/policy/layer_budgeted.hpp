@@ -1,0 +1,45 @@
+#pragma once
+// LayerBudgetedPolicy: any policy's scores with another policy's sharing of the budget among
+// layers (EvictionPolicy::layer_budget_weights). It separates the two parts of a learned policy
+// in an ablation: which tokens a layer keeps (the scores) and how many (the weights), e.g. H2O's
+// scores with the shipped policy's calibrated budgets ("h2o+layers=PATH" in policy/registry.hpp).
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "policy.hpp"
+
+namespace dc {
+
+class LayerBudgetedPolicy final : public EvictionPolicy {
+ public:
+  LayerBudgetedPolicy(std::unique_ptr<EvictionPolicy> inner, std::vector<double> weights, std::string name)
+      : inner_(std::move(inner)), weights_(std::move(weights)), name_(std::move(name)) {
+    DC_CHECK(inner_ != nullptr, "layer-budgeted policy '", name_, "': no policy to wrap");
+    DC_CHECK(!weights_.empty(), "layer-budgeted policy '", name_, "': no layer budget weights");
+    for (std::size_t l = 0; l < weights_.size(); ++l)
+      DC_CHECK(std::isfinite(weights_[l]) && weights_[l] > 0.0, "layer-budgeted policy '", name_,
+               "': the budget weight of layer ", l, " is ", weights_[l], "; weights must be positive and finite");
+  }
+
+  std::string name() const override { return name_; }
+  bool evicts() const override { return inner_->evicts(); }
+  int observation_window() const override { return inner_->observation_window(); }
+  QueryStatisticsSpec query_statistics() const override { return inner_->query_statistics(); }
+  Granularity finest_granularity() const override { return inner_->finest_granularity(); }
+  std::span<const double> layer_budget_weights() const override { return weights_; }
+
+ protected:
+  void score_slots(const TokenFeatures& f, int budget, std::span<float> scores) override {
+    inner_->score(f, budget, scores);
+  }
+
+ private:
+  std::unique_ptr<EvictionPolicy> inner_;
+  std::vector<double> weights_;
+  std::string name_;
+};
+
+}  // namespace dc

@@ -1,0 +1,221 @@
+// Budgets per layer: the allocation rule (math/layer_budgets.hpp) against hand-worked cases and
+// its invariants on random weights, per-layer selection, the decoder keeping each layer at its
+// budget, the learned policy's weights through a checkpoint, and the single-layer sensitivity
+// against decoding each student alone.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <numeric>
+#include <random>
+
+#include <distillcache/distillcache.hpp>
+
+#include "../support/temp_dir.hpp"
+
+namespace {
+
+std::vector<int> allocate(std::vector<double> w, int budget, int cap, int floor = 1,
+                          std::vector<char> evictable = {}) {
+  if (evictable.empty()) evictable.assign(w.size(), 1);
+  return dc::allocate_layer_budgets(w, evictable, budget, cap, floor);
+}
+
+}  // namespace
+
+TEST_CASE("layer budgets: hand-worked cases") {
+  CHECK(allocate({1, 1, 1, 1}, 8, 16) == std::vector<int>{8, 8, 8, 8});
+  CHECK(allocate({0.3, 0.3, 0.3}, 5, 16) == std::vector<int>{5, 5, 5});  // equal weights: exactly the budget
+  CHECK(allocate({3, 1}, 8, 16) == std::vector<int>{12, 4});
+  // Layer 0 would get 30 of 30 but holds 12: it keeps 12 and the other two share 18.
+  CHECK(allocate({1e9, 1, 1}, 10, 12) == std::vector<int>{12, 9, 9});
+  // The floor: layers 1 and 2 would get almost nothing; they keep 2 each, layer 0 the rest.
+  CHECK(allocate({1e6, 1, 1}, 10, 40, 2) == std::vector<int>{26, 2, 2});
+  // Largest remainder: 10 slots as 1:1:1 -> 3.33 each; the first layer gets the extra one.
+  CHECK(allocate({1, 1, 1}, 3, 16)[0] == 3);
+  CHECK(allocate({2, 1, 1}, 3, 16) == std::vector<int>{5, 2, 2});  // 4.5, 2.25, 2.25 -> 4+1, 2, 2
+  // Layers that are not evictable take nothing and give nothing.
+  CHECK(allocate({5, 1, 1}, 6, 16, 1, {0, 1, 1}) == std::vector<int>{0, 6, 6});
+}
+
+TEST_CASE("layer budgets: every allocation adds up, respects cap and floor, and follows the weights") {
+  std::mt19937 rng(7);
+  std::lognormal_distribution<double> weight(0.0, 1.5);
+  for (int trial = 0; trial < 500; ++trial) {
+    const int layers = 1 + int(rng() % 12), cap = 1 + int(rng() % 300);
+    const int budget = 1 + int(rng() % std::uint32_t(cap)), floor = int(rng() % 4);
+    std::vector<double> w(static_cast<std::size_t>(layers));
+    for (auto& x : w) x = weight(rng);
+    const auto b = allocate(w, budget, cap, floor);
+    CAPTURE(trial);
+    CHECK(std::accumulate(b.begin(), b.end(), 0LL) == std::int64_t(budget) * layers);
+    for (int l = 0; l < layers; ++l) {
+      CHECK(b[std::size_t(l)] <= cap);
+      CHECK(b[std::size_t(l)] >= std::min(floor, budget));
+    }
+    // Between two layers that neither bound fixed, the one with the larger weight never keeps
+    // fewer slots (ties and rounding aside: at most one slot apart the wrong way).
+    for (int i = 0; i < layers; ++i)
+      for (int j = 0; j < layers; ++j) {
+        const int bi = b[std::size_t(i)], bj = b[std::size_t(j)];
+        if (w[std::size_t(i)] > w[std::size_t(j)]) CHECK(bi >= bj - 1);
+      }
+  }
+}
+
+TEST_CASE("layer budgets: bad weights and budgets are named") {
+  CHECK_THROWS_WITH_AS(allocate({1, 0}, 4, 8), doctest::Contains("weight of layer 1"), dc::Error);
+  CHECK_THROWS_WITH_AS(allocate({NAN, 1}, 4, 8), doctest::Contains("positive and finite"), dc::Error);
+  CHECK_THROWS_WITH_AS(allocate({-1, 1}, 4, 8), doctest::Contains("weight of layer 0"), dc::Error);
+  CHECK_THROWS_WITH_AS(allocate({1, 1}, 9, 8), doctest::Contains("exceeds"), dc::Error);
+  const std::vector<double> w{1, 1};
+  const std::vector<char> three{1, 1, 1};
+  CHECK_THROWS_WITH_AS(dc::allocate_layer_budgets(w, three, 4, 8), doctest::Contains("2 weights for 3 layers"),
+                       dc::Error);
+}
+
+namespace {
+
+struct TinyModel {
+  dc::HfModel m = dc::load_hf_model(std::string(DC_FIXTURE_DIR) + "/tiny_llama_tied");
+  dc::Transformer<dc::cpu> model{m.config, std::move(m.weights), 8};
+  std::vector<std::int32_t> ids =
+      dc::SafetensorsFile(std::string(DC_FIXTURE_DIR) + "/tiny_llama_tied/oracle.safetensors").read_i32("tokens");
+};
+
+std::unique_ptr<dc::EvictionPolicy> h2o_with(std::vector<double> weights) {
+  return std::make_unique<dc::LayerBudgetedPolicy>(dc::make_baseline_policy("h2o"), std::move(weights), "h2o+layers");
+}
+
+}  // namespace
+
+TEST_CASE("per-layer selection: uniform budgets equal the single-budget selection; shared sets need one budget") {
+  TinyModel t;
+  auto cache = t.model.make_cache(32);
+  cache.set_observed_from(0);
+  t.model.forward(std::span(t.ids).first(20), cache);
+  for (const auto g : {dc::Granularity::layer, dc::Granularity::head, dc::Granularity::shared}) {
+    const auto f = dc::gather_features(t.model.context(), cache, g);
+    std::vector<float> scores(f.accumulated_mass.begin(), f.accumulated_mass.end());
+    const std::vector<int> same{7, 7};
+    CHECK(dc::select_keep_groups(scores, f, same) == dc::select_keep_groups(scores, f, 7));
+    const std::vector<int> uneven{5, 9};
+    if (g == dc::Granularity::shared) {
+      CHECK_THROWS_WITH_AS(dc::select_keep_groups(scores, f, uneven), doctest::Contains("layer or head granularity"),
+                           dc::Error);
+    } else {
+      const auto keep = dc::select_keep_groups(scores, f, uneven);
+      for (int i = 0; i < f.num_groups(); ++i)
+        CHECK(int(keep[std::size_t(i)].size()) == uneven[std::size_t(f.groups[std::size_t(i)].layer_begin)]);
+    }
+  }
+}
+
+TEST_CASE("a decoder keeps each layer at its budget; equal weights change nothing") {
+  TinyModel t;
+  const auto prompt = std::span<const std::int32_t>(t.ids).first(16);
+  dc::Budget budget = dc::Budget::of_fraction(0.5);  // 8 of 16
+  budget.chunk = 2;
+  auto plain = dc::make_baseline_policy("h2o");
+  auto equal = h2o_with({2.0, 2.0});
+  auto uneven = h2o_with({3.0, 1.0});  // 12 and 4
+  for (const auto mode : {dc::EvictionMode::prefill, dc::EvictionMode::decode}) {
+    dc::EvictingDecoder<dc::cpu> a(t.model, *plain, budget, mode, 16, 8, dc::Granularity::head);
+    dc::EvictingDecoder<dc::cpu> b(t.model, *equal, budget, mode, 16, 8, dc::Granularity::head);
+    dc::EvictingDecoder<dc::cpu> c(t.model, *uneven, budget, mode, 16, 8, dc::Granularity::head);
+    a.prefill(prompt);
+    b.prefill(prompt);
+    c.prefill(prompt);
+    CHECK(c.layer_budgets() == std::vector<int>{12, 4});
+    CHECK(c.cache().length(0) == 12);
+    CHECK(c.cache().length(1) == 4);
+    CHECK(c.cache().bytes_used() == a.cache().bytes_used());  // the same bytes, shared differently
+    for (int s = 16; s < 24; ++s) {
+      const auto x = a.step(t.ids[std::size_t(s)]);
+      const std::vector<float> xa(x.begin(), x.end());
+      const auto y = b.step(t.ids[std::size_t(s)]);
+      CHECK(std::equal(xa.begin(), xa.end(), y.begin()));  // bitwise
+      c.step(t.ids[std::size_t(s)]);
+      if (mode == dc::EvictionMode::decode) {
+        CHECK(c.cache().length(0) < 12 + budget.chunk);
+        CHECK(c.cache().length(1) - c.cache().length(0) == 4 - 12);  // both layers grow together
+      }
+    }
+    if (mode == dc::EvictionMode::decode) CHECK(c.evictions() > 1);
+  }
+  // A shared keep-set has one budget for every layer: the weights do not apply.
+  dc::EvictingDecoder<dc::cpu> shared(t.model, *uneven, budget, dc::EvictionMode::prefill, 16, 8,
+                                      dc::Granularity::shared);
+  shared.prefill(prompt);
+  CHECK(shared.layer_budgets().empty());
+  CHECK(shared.cache().length(0) == 8);
+  // Weights for another model's layer count are named.
+  auto three = h2o_with({1.0, 1.0, 1.0});
+  dc::EvictingDecoder<dc::cpu> wrong(t.model, *three, budget, dc::EvictionMode::prefill, 16, 8, dc::Granularity::head);
+  CHECK_THROWS_WITH_AS(wrong.prefill(prompt), doctest::Contains("budget weights for 3 layers, the model has 2"),
+                       dc::Error);
+}
+
+TEST_CASE("the learned policy keeps its layer weights in the checkpoint and rejects bad ones") {
+  dc_test::TempDir dir("dc_layer_weights");
+  auto p = dc::MlpPolicy::initialised({dc::PolicyInput::alpha, dc::PolicyInput::position}, {4}, 3);
+  CHECK(p.layer_budget_weights().empty());
+  p.set_layer_budget_weights({0.5, 1.5});
+  dc::save_policy_checkpoint(dir / "p.dcpolicy", p.to_checkpoint());
+  const auto q = dc::MlpPolicy::from_checkpoint(dc::load_policy_checkpoint(dir / "p.dcpolicy"));
+  REQUIRE(q.layer_budget_weights().size() == 2);
+  CHECK(q.layer_budget_weights()[0] == 0.5);
+  CHECK(q.layer_budget_weights()[1] == 1.5);
+  CHECK_THROWS_WITH_AS(p.set_layer_budget_weights({1.0, 0.0}), doctest::Contains("budget weight of layer 1"),
+                       dc::Error);
+  auto c = p.to_checkpoint();
+  c.extra["layer_budget_weights"] = {1.0, "two"};
+  CHECK_THROWS_WITH_AS(dc::MlpPolicy::from_checkpoint(c), doctest::Contains("non-number"), dc::Error);
+  c.extra["layer_budget_weights"] = {1.0, -2.0};
+  CHECK_THROWS_WITH_AS(dc::MlpPolicy::from_checkpoint(c), doctest::Contains("positive and finite"), dc::Error);
+  c.extra["layer_budget_weights"] = 3;
+  CHECK_THROWS_WITH_AS(dc::MlpPolicy::from_checkpoint(c), doctest::Contains("not a non-empty array"), dc::Error);
+  // Borrowed by a baseline through the registry.
+  const auto h2o = dc::make_policy("h2o+layers=" + (dir / "p.dcpolicy").string(), 1, "");
+  REQUIRE(h2o->layer_budget_weights().size() == 2);
+  CHECK(h2o->layer_budget_weights()[1] == 1.5);
+  CHECK_THROWS_WITH_AS(dc::make_policy("h2o+layers=", 1, ""), doctest::Contains("no file given"), dc::Error);
+}
+
+TEST_CASE("layer sensitivity equals decoding each single-layer student alone") {
+  TinyModel t;
+  const auto prompt = std::span<const std::int32_t>(t.ids).first(16);
+  const auto continuation = std::span<const std::int32_t>(t.ids).subspan(16, 6);
+  auto h2o = dc::make_baseline_policy("h2o");
+  const auto kl = dc::layer_sensitivity(t.model, *h2o, prompt, continuation, 4, dc::Granularity::head, 2);
+  REQUIRE(kl.size() == 2);
+  // The oracle: the teacher and each student run one at a time, KL by the metrics' function.
+  auto prefill = [&](dc::KVCache<dc::cpu>& c) {
+    c.set_observed_from(h2o->observation_start(16));
+    t.model.forward(prompt, c);
+  };
+  auto teacher = t.model.make_cache(22);
+  prefill(teacher);
+  std::vector<std::vector<float>> full;
+  for (int s = 0; s + 1 < 6; ++s) full.push_back(t.model.forward(continuation.subspan(std::size_t(s), 1), teacher));
+  for (int l = 0; l < 2; ++l) {
+    auto student = t.model.make_cache(22);
+    prefill(student);
+    student.set_observed_from(0);
+    std::vector<int> budgets{16, 16};
+    budgets[std::size_t(l)] = 4;
+    dc::compress_to_layer_budgets(t.model.context(), student, *h2o, dc::Granularity::head, budgets, 4);
+    CHECK(student.length(l) == 4);
+    CHECK(student.length(1 - l) == 16);
+    double sum = 0.0;
+    for (int s = 0; s + 1 < 6; ++s)
+      sum += dc::kl_divergence(full[std::size_t(s)], t.model.forward(continuation.subspan(std::size_t(s), 1), student));
+    CHECK(kl[std::size_t(l)] == doctest::Approx(sum / 6.0).epsilon(1e-12));
+    CHECK(kl[std::size_t(l)] > 0.0);
+  }
+  // A budget of the whole prompt evicts nothing: no KL at all.
+  const auto none = dc::layer_sensitivity(t.model, *h2o, prompt, continuation, 16, dc::Granularity::head);
+  CHECK(none[0] == 0.0);
+  CHECK(none[1] == 0.0);
+  CHECK_THROWS_WITH_AS(dc::layer_sensitivity(t.model, *h2o, prompt, continuation, 4, dc::Granularity::shared),
+                       doctest::Contains("layer or head granularity"), dc::Error);
+}
