@@ -159,7 +159,8 @@ int main(int argc, char** argv) {
       ->check(number_list());
   app.add_option("--policy", policies_arg, "policies: full,random,streaming,h2o,observed,snapkv,tova,knorm,expected,distillcache "
                  "(the shipped learned policy),distillcache=PATH,oracle (the top-B of the continuation's own attention: "
-                 "an upper reference, prefill mode only)");
+                 "an upper reference, prefill mode only); NAME+layers=PATH gives NAME the per-layer budget weights of "
+                 "the policy file PATH");
   app.add_option("--max-contexts", max_contexts, "contexts to evaluate")->check(integer_in(1, 1 << 20));
   app.add_option("--mode", mode_arg, "prefill: compress once; decode: also evict while decoding")
       ->check(CLI::IsMember({"prefill", "decode"}));
