@@ -221,6 +221,40 @@ TEST_CASE("budget_age: the token's age in budgets; H2O's recent half is the same
   }
 }
 
+TEST_CASE("depth: the group's layer as a fraction of the model, the same at every length") {
+  for (const int n : {40, 80}) {
+    dc::TokenFeatures f;
+    f.granularity = dc::Granularity::head;
+    f.size = 3 * n;
+    f.latest_position = n - 1;
+    for (int layer = 0; layer < 3; ++layer) {  // three layers of one KV head, n rows each
+      f.groups.push_back({layer, layer + 1, 0, 1, layer * n, (layer + 1) * n});
+      for (int i = 0; i < n; ++i) {
+        f.group.push_back(layer);
+        f.slot.push_back(i);
+        f.position.push_back(i);
+        const float row[dc::kNumFeatures] = {1.0f / float(n), 1.0f, 0.0f, 0.5f, float(i) / float(n - 1)};
+        f.x.insert(f.x.end(), row, row + dc::kNumFeatures);
+        f.accumulated_mass.push_back(1.0f);
+        f.last_query_mass.push_back(1.0f / float(n));
+        f.key_norm.push_back(1.0f);
+        f.expected_attention.push_back(0.0f);
+      }
+    }
+    f.validate();
+    const std::vector<dc::PolicyInput> depth = {dc::PolicyInput::depth};
+    const auto x = dc::policy_inputs(f, depth, 1);
+    for (int i = 0; i < n; ++i) {
+      CHECK(x[std::size_t(i)] == 0.0f);
+      CHECK(x[std::size_t(n + i)] == 0.5f);
+      CHECK(x[std::size_t(2 * n + i)] == 1.0f);
+    }
+  }
+  CHECK(dc::math::input_depth(0, 30, 30) == 0.5f);  // a shared set covers every layer
+  CHECK(dc::math::input_depth(0, 1, 1) == 0.5f);
+  CHECK(dc::parse_policy_input("depth") == dc::PolicyInput::depth);
+}
+
 TEST_CASE("MlpPolicy scores rows with its MLP and rejects an inconsistent construction") {
   auto policy = dc::MlpPolicy::initialised(dc::paper_policy_inputs(), {8, 8}, 7);
   CHECK(policy.name() == "distillcache");

@@ -14,13 +14,17 @@
 //   last_alpha     log(last * n + eps)         the newest query's mass (TOVA's signal), relative
 //   budget_age     log((age + 1) / B)          the token's age (latest - position) in budgets B
 //   log_age        log(age + 1)                the token's age in tokens
+//   depth          layer / (layers - 1)        the group's layer, 0 (first) to 1 (last)
 // n is the number of rows in the group. budget_age is scale-free in the budget rather than the
 // group: H2O's recent window (the newest B/2 tokens) is budget_age < log(1/2) at every context
 // length and budget, which position (relative to the context) cannot express. log_age is the one
 // input measured in tokens, on purpose: how much a query attends to a recent token decays with
 // their distance in tokens (a local pattern of the model, not of the context length), so the
 // newest 32 tokens read the same at L and 2L, where position squeezes them towards 1. The
-// logarithms keep heavy hitters (attention sinks take half the mass) and near-zero tokens in a range an MLP with small weights handles, and eps
+// depth is relative too (the same fraction of the way through any model): layers differ in what
+// evicting them costs (on SmolLM2 the first three halve their budget for nearly nothing, a few
+// middle and late ones carry most of the KL), which no per-token input tells the MLP.
+// The logarithms keep heavy hitters (attention sinks take half the mass) and near-zero tokens in a range an MLP with small weights handles, and eps
 // bounds the log for tokens no query attended to.
 #include <cmath>
 
@@ -61,6 +65,13 @@ DC_HD float input_log_budget_age(int age, int budget) {
 
 // log(age + 1), age = latest position - position >= 0: 0 for the newest token.
 DC_HD float input_log_age(int age) { return logf(static_cast<float>(age > 0 ? age : 0) + 1.0f); }
+
+// The mean layer a group covers [layer_begin, layer_end), as a fraction of the way from the
+// first layer to the last of `layers`: 0.5 for a group covering every layer (a shared set).
+DC_HD float input_depth(int layer_begin, int layer_end, int layers) {
+  const float mid = 0.5f * static_cast<float>(layer_begin + layer_end - 1);
+  return layers > 1 ? mid / static_cast<float>(layers - 1) : 0.5f;
+}
 
 // The warm start's recent window in budget_age (H2O keeps the newest half of its budget), and
 // the bonus that lifts it above every heavy-hitter score (those span about [-14, 7]: two logs

@@ -17,14 +17,15 @@ namespace dc {
 // The paper's five features, then optional ones: the newest query's mass (a second observation
 // window: the newest query alone, TOVA's signal), the token's age in units of the budget
 // (what a recency window of H2O's kind is measured in) and its age in tokens (what attention's
-// locality is measured in).
-enum class PolicyInput : int { alpha = 0, value_norm, head_variance, entropy, position, last_alpha, budget_age, log_age };
-inline constexpr int kNumPolicyInputs = 8;
+// locality is measured in), and the depth of the group's layer (what the cost of evicting differs
+// by).
+enum class PolicyInput : int { alpha = 0, value_norm, head_variance, entropy, position, last_alpha, budget_age, log_age, depth };
+inline constexpr int kNumPolicyInputs = 9;
 inline constexpr const char* kPolicyNormalisation = "scale_free_v1";
 
 inline const char* policy_input_name(PolicyInput i) {
   constexpr std::array<const char*, kNumPolicyInputs> names = {
-      "alpha", "value_norm", "head_variance", "entropy", "position", "last_alpha", "budget_age", "log_age"};
+      "alpha", "value_norm", "head_variance", "entropy", "position", "last_alpha", "budget_age", "log_age", "depth"};
   return names[std::size_t(i)];
 }
 
@@ -32,7 +33,7 @@ inline PolicyInput parse_policy_input(std::string_view name) {
   for (int i = 0; i < kNumPolicyInputs; ++i)
     if (name == policy_input_name(PolicyInput(i))) return PolicyInput(i);
   DC_FAIL("unknown policy input '", std::string(name),
-          "' (known: alpha, value_norm, head_variance, entropy, position, last_alpha, budget_age, log_age)");
+          "' (known: alpha, value_norm, head_variance, entropy, position, last_alpha, budget_age, log_age, depth)");
 }
 
 inline std::vector<PolicyInput> paper_policy_inputs() {
@@ -52,6 +53,8 @@ inline std::vector<float> policy_inputs(const TokenFeatures& f, std::span<const 
   // Groups are independent (each its own rows and means): in parallel, since the logarithms of
   // 737k rows (SmolLM2 at 8k, head granularity) took longer than the MLP that reads them.
   const int groups = f.num_groups();
+  int layers = 0;  // the layers the groups span (depth's scale)
+  for (const FeatureGroup& g : f.groups) layers = std::max(layers, g.layer_end);
   DC_OMP(parallel for schedule(dynamic) if (groups > 1 && f.size > 4096))
   for (int group = 0; group < groups; ++group) {
     const FeatureGroup& g = f.groups[std::size_t(group)];
@@ -85,6 +88,7 @@ inline std::vector<float> policy_inputs(const TokenFeatures& f, std::span<const 
           case PolicyInput::log_age:
             row[j] = math::input_log_age(f.latest_position - f.position[std::size_t(r)]);
             break;
+          case PolicyInput::depth: row[j] = math::input_depth(g.layer_begin, g.layer_end, layers); break;
         }
       }
     }
