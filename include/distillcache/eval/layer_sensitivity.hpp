@@ -5,9 +5,10 @@
 // continuation teacher-forced as in the fidelity evaluator (prefill mode, mean over its steps,
 // step 0 included with its KL of 0).
 //
-// It is how a policy's budget weights per layer (math/layer_budgets.hpp) are calibrated
-// (examples/layer_budgets): layers whose eviction costs little give slots to the layers whose
-// eviction costs most. One prefill per context serves the teacher and every student; students
+// It is the measurement a policy's budget weights per layer (math/layer_budgets.hpp) could be
+// calibrated from (layers whose eviction costs little giving slots to those whose eviction costs
+// most); on SmolLM2 no static allocation built from it beat the uniform budget
+// (bench/results/README.md, "Budgets per layer"). One prefill per context serves the teacher and every student; students
 // decode in batches of at most max_batch caches (Transformer::forward_batch).
 #include <cstdint>
 #include <span>

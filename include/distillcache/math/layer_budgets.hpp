@@ -27,6 +27,15 @@
 
 namespace dc {
 
+// Throws unless layer's weight is positive and finite (where: who is checking, for the message).
+inline void check_layer_budget_weight(double weight, std::size_t layer, const char* where) {
+  DC_CHECK(std::isfinite(weight) && weight > 0.0, where, ": the budget weight of layer ", layer, " is ", weight,
+           "; weights must be positive and finite");
+}
+inline void check_layer_budget_weights(std::span<const double> weights, const char* where) {
+  for (std::size_t l = 0; l < weights.size(); ++l) check_layer_budget_weight(weights[l], l, where);
+}
+
 // weights and evictable: one entry per layer (weights of non-evictable layers are ignored).
 inline std::vector<int> allocate_layer_budgets(std::span<const double> weights,
                                                std::span<const char> evictable, int budget, int cap,
@@ -40,8 +49,7 @@ inline std::vector<int> allocate_layer_budgets(std::span<const double> weights,
   std::vector<std::size_t> open;            // the evictable layers
   for (std::size_t l = 0; l < layers; ++l) {
     if (!evictable[l]) continue;
-    DC_CHECK(std::isfinite(weights[l]) && weights[l] > 0.0, "layer budgets: the weight of layer ", l,
-             " is ", weights[l], "; weights must be positive and finite");
+    check_layer_budget_weight(weights[l], l, "layer budgets");
     open.push_back(l);
   }
   std::vector<int> out(layers, 0);

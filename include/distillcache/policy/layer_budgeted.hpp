@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "../math/layer_budgets.hpp"
 #include "policy.hpp"
 
 namespace dc {
@@ -19,9 +20,7 @@ class LayerBudgetedPolicy final : public EvictionPolicy {
       : inner_(std::move(inner)), weights_(std::move(weights)), name_(std::move(name)) {
     DC_CHECK(inner_ != nullptr, "layer-budgeted policy '", name_, "': no policy to wrap");
     DC_CHECK(!weights_.empty(), "layer-budgeted policy '", name_, "': no layer budget weights");
-    for (std::size_t l = 0; l < weights_.size(); ++l)
-      DC_CHECK(std::isfinite(weights_[l]) && weights_[l] > 0.0, "layer-budgeted policy '", name_,
-               "': the budget weight of layer ", l, " is ", weights_[l], "; weights must be positive and finite");
+    check_layer_budget_weights(weights_, "layer-budgeted policy");
   }
 
   std::string name() const override { return name_; }
@@ -32,6 +31,8 @@ class LayerBudgetedPolicy final : public EvictionPolicy {
   std::span<const double> layer_budget_weights() const override { return weights_; }
 
  protected:
+  // Through the inner policy's public score(), which checks the features a second time: this
+  // wrapper serves ablations, not the decode path of a shipped policy.
   void score_slots(const TokenFeatures& f, int budget, std::span<float> scores) override {
     inner_->score(f, budget, scores);
   }

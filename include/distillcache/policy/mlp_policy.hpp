@@ -10,9 +10,9 @@
 // budget, which the scale-free inputs do not see.
 //
 // layer_budget_weights (none by default): how the budget is shared among layers
-// (math/layer_budgets.hpp), calibrated on training text by measuring what evicting each layer
-// alone costs (eval/layer_sensitivity.hpp, examples/layer_budgets). Kept in the checkpoint's
-// "extra" object, so older files load unchanged.
+// (math/layer_budgets.hpp), e.g. from what evicting each layer alone costs on training text
+// (eval/layer_sensitivity.hpp; no command writes them yet). Kept in the checkpoint's "extra"
+// object, so older files load unchanged.
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -24,6 +24,7 @@
 #include "../core/finite.hpp"
 #include "../cpu/mlp.hpp"
 #include "../io/policy_checkpoint.hpp"
+#include "../math/layer_budgets.hpp"
 #include "policy.hpp"
 #include "policy_inputs.hpp"
 
@@ -110,9 +111,7 @@ class MlpPolicy final : public EvictionPolicy {
   std::span<const double> layer_budget_weights() const override { return layer_weights_; }
   // One positive, finite weight per model layer (the decoder checks the count); empty: uniform.
   void set_layer_budget_weights(std::vector<double> weights) {
-    for (std::size_t l = 0; l < weights.size(); ++l)
-      DC_CHECK(std::isfinite(weights[l]) && weights[l] > 0.0, "mlp policy: the budget weight of layer ", l,
-               " is ", weights[l], "; weights must be positive and finite");
+    check_layer_budget_weights(weights, "mlp policy");
     layer_weights_ = std::move(weights);
   }
 
