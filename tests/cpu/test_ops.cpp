@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -139,6 +140,74 @@ TEST_CASE("matmul equals a double-precision reference for every tile shape") {
       }
     }
   }
+}
+
+namespace {
+
+// Runs one micro-kernel shape both ways and compares bits.
+template <int kRows, int kCols, class W>
+bool micro_kernels_agree(int in, bool accumulate) {
+  auto x = random_vector(std::size_t(kRows) * in, 7);
+  auto wf = random_vector(std::size_t(kCols) * in, 8);
+  std::vector<W> w(wf.size());
+  for (std::size_t i = 0; i < wf.size(); ++i) w[i] = dc::from_float<W>(wf[i]);
+  auto portable = random_vector(std::size_t(kRows) * kCols, 9), built = portable;
+  dc::cpu_detail::gemm_micro_portable<kRows, kCols>(portable.data(), kCols, x.data(), w.data(), in, accumulate);
+  dc::cpu_detail::gemm_micro<kRows, kCols>(built.data(), kCols, x.data(), w.data(), in, accumulate);
+  return std::memcmp(portable.data(), built.data(), portable.size() * sizeof(float)) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("the GEMM micro-kernel this build runs gives the portable kernel's bits") {
+  if (!DC_GEMM_AVX512) MESSAGE("built without AVX-512: the portable kernel is the one that runs");
+  for (int in : {1, 15, 16, 33, 576}) {
+    for (bool accumulate : {false, true}) {
+      INFO("in=" << in << " accumulate=" << accumulate);
+      CHECK(micro_kernels_agree<1, 1, float>(in, accumulate));
+      CHECK(micro_kernels_agree<2, 8, float>(in, accumulate));
+      CHECK(micro_kernels_agree<3, 5, dc::bf16>(in, accumulate));
+      CHECK(micro_kernels_agree<2, 8, dc::bf16>(in, accumulate));
+      CHECK(micro_kernels_agree<4, 4, dc::bf16>(in, accumulate));
+    }
+  }
+}
+
+TEST_CASE("a row of a batched matmul has the bits of the same row multiplied alone") {
+  const int n = 23, in = 100, out = 77;
+  auto x = random_vector(std::size_t(n) * in, 10);
+  auto wf = random_vector(std::size_t(out) * in, 11);
+  std::vector<dc::bf16> w(wf.size());
+  for (std::size_t i = 0; i < wf.size(); ++i) w[i] = dc::to_bf16(wf[i]);
+  std::vector<float> batched(std::size_t(n) * out), alone(out);
+  dc::matmul(dc::Context<dc::cpu>{}, batched.data(), x.data(), w.data(), n, in, out);
+  for (int i = 0; i < n; ++i) {
+    dc::matmul(dc::Context<dc::cpu>{}, alone.data(), x.data() + std::size_t(i) * in, w.data(), 1, in, out);
+    INFO("row " << i);
+    CHECK(std::memcmp(alone.data(), batched.data() + std::size_t(i) * out, out * sizeof(float)) == 0);
+  }
+}
+
+TEST_CASE("exp_nonpositive is within 3 ulps of e^x and 0 below the normal range") {
+  // Every 97th float in [-87.3, 0] (about 11 million values, all exponents), against double.
+  double worst_ulps = 0.0;
+  float worst_x = 0.0f;
+  for (float x = -0.0f; x >= -87.33f;) {
+    const double ref = std::exp(double(x));
+    const float got = dc::math::exp_nonpositive(x);
+    const double ulp = double(std::nextafter(float(ref), 2.0f)) - double(float(ref));
+    const double ulps = std::fabs(double(got) - ref) / ulp;
+    if (ulps > worst_ulps) worst_ulps = ulps, worst_x = x;
+    for (int step = 0; step < 97; ++step) x = std::nextafter(x, -INFINITY);
+  }
+  INFO("worst " << worst_ulps << " ulps at x = " << worst_x);
+  CHECK(worst_ulps <= 3.0);
+  CHECK(dc::math::exp_nonpositive(0.0f) == 1.0f);
+  CHECK(dc::math::exp_nonpositive(-0.0f) == 1.0f);
+  CHECK(dc::math::exp_nonpositive(-INFINITY) == 0.0f);
+  CHECK(dc::math::exp_nonpositive(-87.5f) == 0.0f);
+  CHECK(dc::math::exp_nonpositive(-1e30f) == 0.0f);
+  CHECK(dc::math::exp_nonpositive(-87.33f) > 0.0f);
 }
 
 TEST_CASE("attention equals an explicit masked softmax over a compacted cache") {

@@ -24,7 +24,8 @@
 #include "../math/attention_rules.hpp"
 #include "../math/attention_shape.hpp"
 #include "../math/features.hpp"
-#include "dot.hpp"
+#include "../math/exp_poly.hpp"
+#include "gemm.hpp"
 
 namespace dc {
 
@@ -82,6 +83,65 @@ inline void fold_statistics_cpu(float* block, const float* probs, const float* e
   }
 }
 
+// One query head over len cached slots: out = softmax(q K^T * scale + mask) V. Leaves scores
+// holding the unnormalised probabilities exp(score - max) (0 where masked) and returns their sum
+// and sum p * (score - max) for the entropy (sum 0: nothing visible, out 0).
+//
+// Written for the decode step, where this runs once per cached token per head per step: the
+// scores are the GEMM micro-kernel's dot products (6 keys per call), the exponentials
+// math::exp_nonpositive (vectorised; glibc's expf is a call per key). The sums and the output run
+// in slot order, one chain each, so a masked slot adds an exact zero: dropping it from the cache
+// (trimming to a window, evicting what no query sees) changes no bit, and results depend on
+// neither threads nor batch.
+struct HeadSoftmax {
+  float sum = 0.0f;
+  float weighted_score = 0.0f;
+};
+
+template <class KV>
+inline HeadSoftmax attend_one_head(float* DC_RESTRICT o, float* DC_RESTRICT scores, const float* DC_RESTRICT qv,
+                                   const KV* DC_RESTRICT kh, const KV* DC_RESTRICT vh,
+                                   const std::int32_t* DC_RESTRICT kp, int len, int query_pos,
+                                   const AttentionShape& s) {
+  const int hd = s.head_dim;
+  constexpr int kKeysPerCall = 6;
+  for (int j = 0; j < len; j += kKeysPerCall)
+    gemm_tile<1, kKeysPerCall>(scores + j, 0, qv, kh + std::int64_t(j) * hd, hd, 1,
+                               std::min(kKeysPerCall, len - j), false);
+  float max_score = -INFINITY;
+  for (int j = 0; j < len; ++j) {
+    scores[j] = math::attends(query_pos, kp[j], s.window) ? scores[j] * s.scale : -INFINITY;
+    max_score = fmaxf(max_score, scores[j]);
+  }
+  for (int i = 0; i < hd; ++i) o[i] = 0.0f;
+  if (max_score == -INFINITY) return {};  // nothing visible: cannot happen with the query cached
+
+  // In blocks: the exponentials vectorise, the sums run in slot order.
+  HeadSoftmax result;
+  constexpr int kBlock = 64;
+  for (int j0 = 0; j0 < len; j0 += kBlock) {
+    const int m = std::min(kBlock, len - j0);
+    float shifted[kBlock], p[kBlock];
+    for (int j = 0; j < m; ++j) shifted[j] = scores[j0 + j] - max_score;  // -inf where masked
+    for (int j = 0; j < m; ++j) p[j] = math::exp_nonpositive(shifted[j]);
+    for (int j = 0; j < m; ++j) {
+      result.sum += p[j];
+      result.weighted_score += p[j] > 0.0f ? p[j] * shifted[j] : 0.0f;
+      scores[j0 + j] = p[j];
+    }
+  }
+
+  // o = sum_j p_j v_j / sum, in slot order; j outer so each V row is read once.
+  const float inv = 1.0f / result.sum;
+  for (int j = 0; j < len; ++j) {
+    const KV* vj = vh + std::int64_t(j) * hd;
+    const float p = scores[j];
+    for (int i = 0; i < hd; ++i) o[i] = multiply_add(p, element_as_float(vj, i), o[i]);
+  }
+  for (int i = 0; i < hd; ++i) o[i] *= inv;
+  return result;
+}
+
 }  // namespace cpu_detail
 
 // out[n, heads*head_dim] = softmax(q K^T * scale + mask) V, per query head; accumulates the
@@ -110,45 +170,20 @@ void attention(const Context<cpu>&, float* out, const float* q, const KV* k_cach
     for (int h = 0; h < s.num_heads; ++h) {
       thread_local std::vector<float> scores;
       scores.resize(static_cast<std::size_t>(len));
-      const float* qv = q + (std::int64_t(t) * s.num_heads + h) * hd;
       const int kvh = math::kv_head_of(h, s.num_heads, s.num_kv_heads);
-      const std::int32_t* kp = key_pos + std::int64_t(kvh) * s.capacity;
-      const KV* kh = k_cache + std::int64_t(kvh) * s.capacity * hd;
-      const KV* vh = v_cache + std::int64_t(kvh) * s.capacity * hd;
       float* o = out + (std::int64_t(t) * s.num_heads + h) * hd;
-
-      float max_score = -INFINITY;
-      for (int j = 0; j < len; ++j) {
-        if (!math::attends(query_pos[t], kp[j], s.window)) {
-          scores[std::size_t(j)] = -INFINITY;
-          continue;
-        }
-        scores[std::size_t(j)] = cpu_detail::dot(qv, kh + std::int64_t(j) * hd, hd) * s.scale;
-        max_score = fmaxf(max_score, scores[std::size_t(j)]);
-      }
-      for (int i = 0; i < hd; ++i) o[i] = 0.0f;
-      if (max_score == -INFINITY) continue;  // nothing visible: cannot happen with the query cached
-      float sum = 0.0f, weighted_score = 0.0f;
-      for (int j = 0; j < len; ++j) {
-        if (scores[std::size_t(j)] == -INFINITY) continue;
-        const float shifted = scores[std::size_t(j)] - max_score;
-        const float p = expf(shifted);
-        scores[std::size_t(j)] = p;  // scores now hold unnormalised probabilities
-        sum += p;
-        weighted_score += p * shifted;
-        const KV* vj = vh + std::int64_t(j) * hd;
-        for (int i = 0; i < hd; ++i) o[i] += p * element_as_float(vj, i);
-      }
-      const float inv = 1.0f / sum;
-      for (int i = 0; i < hd; ++i) o[i] *= inv;
+      const cpu_detail::HeadSoftmax softmax = cpu_detail::attend_one_head(
+          o, scores.data(), q + (std::int64_t(t) * s.num_heads + h) * hd,
+          k_cache + std::int64_t(kvh) * s.capacity * hd, v_cache + std::int64_t(kvh) * s.capacity * hd,
+          key_pos + std::int64_t(kvh) * s.capacity, len, query_pos[t], s);
 
       const int r = t - (n - observed);  // index among observed queries
-      if (r < 0) continue;
+      if (r < 0 || softmax.sum == 0.0f) continue;
+      const float inv = 1.0f / softmax.sum;
       float* prow = probs + (std::size_t(r) * s.num_heads + h) * len;
-      for (int j = 0; j < len; ++j)
-        prow[j] = scores[std::size_t(j)] == -INFINITY ? 0.0f : scores[std::size_t(j)] * inv;
+      for (int j = 0; j < len; ++j) prow[j] = scores[std::size_t(j)] * inv;
       entropy[std::size_t(r) * s.num_heads + h] =
-          math::softmax_entropy(std::log(sum), weighted_score * inv);
+          math::softmax_entropy(std::log(softmax.sum), softmax.weighted_score * inv);
     }
   }
   if (!observed) return;
