@@ -42,6 +42,16 @@ inline float reduce_gemm_lanes(const float* lanes) {
   return s2a + s2b;
 }
 
+// The end of one dot product, shared by both kernels: the lanes' sum, then the elements past the
+// last full group of 16 with scalar FMAs, then the store (or the add, fusing a residual).
+template <class W>
+inline void finish_dot(float& out, float lane_sum, const float* DC_RESTRICT x, const W* DC_RESTRICT w,
+                       int in_vec, int in, bool accumulate) {
+  float sum = lane_sum;
+  for (int k = in_vec; k < in; ++k) sum = multiply_add(x[k], element_as_float(w, k), sum);
+  out = accumulate ? out + sum : sum;
+}
+
 // The portable kernel (and the oracle of the vector one).
 template <int kRows, int kCols, class W>
 inline void gemm_micro_portable(float* DC_RESTRICT y, int ldy, const float* DC_RESTRICT x,
@@ -58,15 +68,10 @@ inline void gemm_micro_portable(float* DC_RESTRICT y, int ldy, const float* DC_R
       }
     }
   }
-  for (int r = 0; r < kRows; ++r) {
-    for (int c = 0; c < kCols; ++c) {
-      float sum = reduce_gemm_lanes(acc[r][c]);
-      for (int k = in_vec; k < in; ++k)
-        sum = multiply_add(x[std::int64_t(r) * in + k], element_as_float(w, std::int64_t(c) * in + k), sum);
-      float& out = y[std::int64_t(r) * ldy + c];
-      out = accumulate ? out + sum : sum;
-    }
-  }
+  for (int r = 0; r < kRows; ++r)
+    for (int c = 0; c < kCols; ++c)
+      finish_dot(y[std::int64_t(r) * ldy + c], reduce_gemm_lanes(acc[r][c]), x + std::int64_t(r) * in,
+                 w + std::int64_t(c) * in, in_vec, in, accumulate);
 }
 
 #if DC_GEMM_AVX512
@@ -106,15 +111,10 @@ inline void gemm_micro_avx512(float* DC_RESTRICT y, int ldy, const float* DC_RES
       for (int r = 0; r < kRows; ++r) acc[r][c] = _mm512_fmadd_ps(xv[r], wv, acc[r][c]);
     }
   }
-  for (int r = 0; r < kRows; ++r) {
-    for (int c = 0; c < kCols; ++c) {
-      float sum = reduce_gemm_lanes(acc[r][c]);
-      for (int k = in_vec; k < in; ++k)
-        sum = multiply_add(x[std::int64_t(r) * in + k], element_as_float(w, std::int64_t(c) * in + k), sum);
-      float& out = y[std::int64_t(r) * ldy + c];
-      out = accumulate ? out + sum : sum;
-    }
-  }
+  for (int r = 0; r < kRows; ++r)
+    for (int c = 0; c < kCols; ++c)
+      finish_dot(y[std::int64_t(r) * ldy + c], reduce_gemm_lanes(acc[r][c]), x + std::int64_t(r) * in,
+                 w + std::int64_t(c) * in, in_vec, in, accumulate);
 }
 
 #endif  // DC_GEMM_AVX512
