@@ -208,6 +208,7 @@ TEST_CASE("exp_nonpositive is within 3 ulps of e^x and 0 below the normal range"
   CHECK(dc::math::exp_nonpositive(-87.5f) == 0.0f);
   CHECK(dc::math::exp_nonpositive(-1e30f) == 0.0f);
   CHECK(dc::math::exp_nonpositive(-87.33f) > 0.0f);
+  CHECK(std::isnan(dc::math::exp_nonpositive(NAN)));  // a NaN score must not vanish as weight 0
 }
 
 TEST_CASE("attention equals an explicit masked softmax over a compacted cache") {

@@ -44,6 +44,7 @@ inline void gemm_tile(float* y, int ldy, const float* x, const W* w, int in, int
 template <int kRows, int kCols, class W>
 inline void matmul_tiled(float* y, const float* x, const W* w, int n, int in, int out,
                          bool accumulate) {
+  if (n <= 0 || out <= 0) return;  // nothing to compute (and no tile count to divide by)
   const int threads = max_threads();
   const int col_groups = (out + kCols - 1) / kCols;
   int tiles = (out + kTileOut - 1) / kTileOut;

@@ -9,8 +9,8 @@
 // (truncation error < 1.3e-8 relative on that interval); 2^n built in the exponent bits. The
 // rounding uses the 1.5 * 2^23 trick (exact for |x / ln2| < 2^22), so no library call remains.
 // Accuracy: within 3 float ulps of e^x (tested against double precision). Below -87.3 (e^x under
-// the smallest normal float) it returns 0, as do -inf and NaN-free masked scores; the result is
-// always in [0, 1] for x <= 0.
+// the smallest normal float) and at -inf (a masked score) it returns 0; NaN returns NaN. The
+// result is in [0, 1] for x <= 0.
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -25,9 +25,12 @@ inline float exp_nonpositive(float x) {
   constexpr float kLn2Lo = 1.42860682030941723212e-6f;
   constexpr float kRound = 12582912.0f;  // 1.5 * 2^23
   constexpr float kMin = -87.3365447505531f;  // ln(2^-126)
-  const bool underflow = !(x >= kMin);  // also catches -inf
-  const float xc = underflow ? 0.0f : x;
-  const float shifted = xc * kLog2e + kRound;
+  // Branch-free selects (they vectorise): NaN passes through, so a NaN score still poisons the
+  // softmax as glibc's expf would, instead of silently weighing 0.
+  const bool is_nan = x != x;
+  const bool underflow = x < kMin;  // also -inf
+  const float xc = (underflow || is_nan) ? 0.0f : x;
+  const float shifted = std::fma(xc, kLog2e, kRound);
   const float n = shifted - kRound;
   const float r = std::fma(-n, kLn2Lo, std::fma(-n, kLn2Hi, xc));
   float p = 1.0f / 720.0f;
@@ -40,7 +43,7 @@ inline float exp_nonpositive(float x) {
   // 2^n for n in [-126, 0]: the biased exponent n + 127 shifted into place.
   const std::int32_t exponent = static_cast<std::int32_t>(n) + 127;
   const float scale = std::bit_cast<float>(static_cast<std::uint32_t>(exponent) << 23);
-  return underflow ? 0.0f : p * scale;
+  return is_nan ? x : underflow ? 0.0f : p * scale;
 }
 
 }  // namespace dc::math
