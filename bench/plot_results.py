@@ -6,8 +6,10 @@
 KL against budget: one panel per context length, one line per policy, from the evaluator's CSVs
 (`examples/eval --csv`: policy,granularity,budget,kl_mean,...). The learned policy's rows come
 from the eval_learned_* files and are drawn on top; the heuristics from eval_smollm2_*.
-Task accuracy (relative accuracy against budget, a task x policy heatmap at 25 %) comes from
-the task suite's CSV (`examples/eval --task ... --csv`) when one is given with --tasks.
+Task accuracy (relative accuracy against budget and a task x policy heatmap at 25 %, one panel
+per prompt length, and PREFIX_summary.md with the mean relative accuracies and the full cache's
+accuracy per task) comes from the task suite's CSVs (`examples/eval --task ... --csv`), given
+with --tasks (repeatable, e.g. one CSV per length).
 """
 import argparse
 import csv
@@ -66,57 +68,70 @@ def plot_kl(panels, out_path, title):
     print(f"plot_results: wrote {os.path.relpath(out_path)}")
 
 
-def task_plots(rows, out_prefix):
-    """Relative accuracy against budget (mean over tasks and lengths) and a heatmap at 25 %.
-    Reads the task suite's columns task, policy, budget and relative (evicted accuracy over the
-    full cache's; empty or nan where the full cache scored 0: those tasks are left out)."""
-    by_policy = defaultdict(lambda: defaultdict(list))
-    heat = defaultdict(dict)
+def relative_by_length(rows):
+    """{length: {policy: {budget: [relative accuracy per task]}}}, from the task suite's columns
+    task, length, policy, budget and relative (evicted accuracy over the full cache's; empty or
+    nan where the full cache scored 0: those tasks are left out, as in the averages of the notes)."""
+    out = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     for r in rows:
         if r["policy"] == "full" or r.get("relative", "") in ("", "nan", "n/a"):
             continue
         rel = float(r["relative"])
         if math.isnan(rel):
             continue
-        budget = float(r["budget"])
-        by_policy[r["policy"]][budget].append(rel)
-        if abs(budget - 0.25) < 1e-9:
-            heat[r["task"]].setdefault(r["policy"], []).append(rel)
-    fig, ax = plt.subplots(figsize=(5.5, 4.2))
-    for policy, budgets in sorted(by_policy.items()):
-        xs = sorted(budgets)
-        ys = [sum(budgets[b]) / len(budgets[b]) for b in xs]
-        learned = policy.startswith("distillcache")
-        ax.plot([100 * x for x in xs], ys, marker="o", linewidth=2.6 if learned else 1.2,
-                color="black" if learned else None, label=policy)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("cache kept (fraction of the prompt, %)")
-    ax.set_ylabel("relative accuracy (evicted / full cache)")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
+        out[int(r["length"])][r["policy"]][float(r["budget"])].append((r["task"], rel))
+    return out
+
+
+def task_plots(rows, out_prefix):
+    """Relative accuracy against budget (mean over tasks), one panel per prompt length, and a
+    task x policy heatmap at 25 % per length."""
+    data = relative_by_length(rows)
+    lengths = sorted(data)
+    fig, axes = plt.subplots(1, len(lengths), figsize=(5.5 * len(lengths), 4.2), squeeze=False)
+    for ax, length in zip(axes[0], lengths):
+        for policy, budgets in sorted(data[length].items()):
+            xs = sorted(budgets)
+            ys = [sum(v for _, v in budgets[b]) / len(budgets[b]) for b in xs]
+            learned = policy.startswith("distillcache")
+            ax.plot([100 * x for x in xs], ys, marker="o", linewidth=2.6 if learned else 1.2,
+                    color="black" if learned else None, label=policy)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks([12.5, 25, 50])
+        ax.set_xticklabels(["12.5 %", "25 %", "50 %"])
+        ax.set_ylim(0.0, 1.05)
+        ax.set_xlabel("cache kept (fraction of the prompt)")
+        ax.set_ylabel("relative accuracy (evicted / full cache)")
+        ax.set_title(f"RULER-style tasks, {length} tokens")
+        ax.grid(True, alpha=0.3)
+    axes[0][-1].legend(fontsize=8)
     fig.tight_layout()
     path = out_prefix + "_relative_accuracy.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
     print(f"plot_results: wrote {os.path.relpath(path)}")
-    if not heat:
-        return
-    tasks = sorted(heat)
-    policies = sorted({p for t in heat.values() for p in t})
-    grid = [[(sum(heat[t][p]) / len(heat[t][p])) if p in heat[t] else float("nan") for p in policies]
-            for t in tasks]
-    fig, ax = plt.subplots(figsize=(1.1 * len(policies) + 2, 0.45 * len(tasks) + 1.5))
-    im = ax.imshow(grid, vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto")
-    ax.set_xticks(range(len(policies)))
-    ax.set_xticklabels(policies, rotation=30, ha="right")
-    ax.set_yticks(range(len(tasks)))
-    ax.set_yticklabels(tasks)
-    for i, row in enumerate(grid):
-        for j, v in enumerate(row):
-            if not math.isnan(v):
-                ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7,
-                        color="white" if v < 0.5 else "black")
-    fig.colorbar(im, ax=ax, label="relative accuracy at 25 %")
+
+    policies = sorted({p for length in lengths for p in data[length]})
+    tasks = sorted({t for length in lengths for p in data[length].values()
+                    for b in p.values() for t, _ in b})
+    fig, axes = plt.subplots(1, len(lengths), squeeze=False,
+                             figsize=((1.1 * len(policies) + 2.5) * len(lengths), 0.45 * len(tasks) + 1.8))
+    for ax, length in zip(axes[0], lengths):
+        cell = {(t, p): v for p, budgets in data[length].items()
+                for b, values in budgets.items() if abs(b - 0.25) < 1e-9 for t, v in values}
+        grid = [[cell.get((t, p), float("nan")) for p in policies] for t in tasks]
+        im = ax.imshow(grid, vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto")
+        ax.set_xticks(range(len(policies)))
+        ax.set_xticklabels(policies, rotation=30, ha="right")
+        ax.set_yticks(range(len(tasks)))
+        ax.set_yticklabels(tasks)
+        ax.set_title(f"{length} tokens, 25 % of the prompt")
+        for i, row in enumerate(grid):
+            for j, v in enumerate(row):
+                if not math.isnan(v):
+                    ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7,
+                            color="white" if v < 0.5 else "black")
+        fig.colorbar(im, ax=ax, label="relative accuracy")
     fig.tight_layout()
     path = out_prefix + "_heatmap_25.png"
     fig.savefig(path, dpi=110)
@@ -124,12 +139,43 @@ def task_plots(rows, out_prefix):
     print(f"plot_results: wrote {os.path.relpath(path)}")
 
 
+def task_summary(rows):
+    """Markdown: mean relative accuracy per (length, policy, budget), and the full cache's
+    accuracy per task and length (the denominators)."""
+    data = relative_by_length(rows)
+    lengths = sorted(data)
+    budgets = sorted({b for length in lengths for p in data[length].values() for b in p})
+    head = "| policy | " + " | ".join(f"{100 * b:g} % L={length}" for length in lengths for b in budgets) + " |"
+    lines = ["Mean relative accuracy (evicted / full cache, mean over the tasks the full cache solves"
+             " at least once):", "", head, "|---|" + "---:|" * (len(lengths) * len(budgets))]
+    policies = sorted({p for length in lengths for p in data[length]})
+    for policy in policies:
+        cells = []
+        for length in lengths:
+            for b in budgets:
+                values = [v for _, v in data[length].get(policy, {}).get(b, [])]
+                cells.append(f"{sum(values) / len(values):.3f}" if values else "")
+        lines.append(f"| {policy} | " + " | ".join(cells) + " |")
+    full = {(int(r["length"]), r["task"]): float(r["full_accuracy"]) for r in rows}
+    all_lengths = sorted({length for length, _ in full})
+    tasks = sorted({t for _, t in full})
+    lines += ["", "Full-cache accuracy:", "",
+              "| task | " + " | ".join(f"L={length}" for length in all_lengths) + " |",
+              "|---|" + "---:|" * len(all_lengths)]
+    for t in tasks:
+        lines.append(f"| {t} | " + " | ".join(
+            f"{full[(length, t)]:.2f}" if (length, t) in full else "" for length in all_lengths) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--granularity", default="head")
     ap.add_argument("--mode", default="prefill")
     ap.add_argument("--lengths", default="1024,2048")
-    ap.add_argument("--tasks", help="a task-suite CSV (examples/eval --task ... --csv)")
+    ap.add_argument("--tasks", action="append",
+                    help="a task-suite CSV (examples/eval --task ... --csv); repeat for several lengths")
+    ap.add_argument("--tasks-out", help="prefix of the task plots and summary (default: the first CSV's name)")
     args = ap.parse_args()
     panels = []
     for length in args.lengths.split(","):
@@ -150,7 +196,12 @@ def main():
         plot_kl(panels, os.path.join(RESULTS, f"kl_vs_budget_{args.mode}_{args.granularity}.png"),
                 "Held-out Vim help text: KL to the full cache (lower is better)")
     if args.tasks:
-        task_plots(read_rows(args.tasks), os.path.splitext(args.tasks)[0])
+        rows = [r for path in args.tasks for r in read_rows(path)]
+        prefix = args.tasks_out or os.path.splitext(args.tasks[0])[0]
+        task_plots(rows, prefix)
+        with open(prefix + "_summary.md", "w") as f:
+            f.write(task_summary(rows))
+        print(f"plot_results: wrote {os.path.relpath(prefix + '_summary.md')}")
 
 
 if __name__ == "__main__":

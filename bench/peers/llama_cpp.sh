@@ -10,7 +10,7 @@
 #    and prefill (pp512, pp2048), 3 repetitions, JSON.
 # 3. Runs bench_cpu's matching benchmarks (fp32, bf16 and the GGUF's own blocks), JSON.
 # 4. Writes OUT_DIR/side_by_side.md from both (bench/peers/llama_cpp_table.py).
-# Needs: pip, cmake, ninja or make, a C++ compiler, and build/bench/bench/bench_cpu (configure
+# Needs: pip, cmake, ninja or make, a C++ compiler, and build/bench/bench/bench_cpu (or $DC_BENCH_CPU; configure
 # with -DDC_BUILD_BENCH=ON, Release). Takes about 15 minutes to build llama-bench on 2 cores, and
 # about as long to run both.
 set -euo pipefail
@@ -21,7 +21,7 @@ out="$(cd "$out" && pwd)"
 version=0.3.36
 cache="${DC_PEERS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/distillcache/peers}"
 model="${DC_SMOLLM2_GGUF:-${XDG_CACHE_HOME:-$HOME/.cache}/distillcache/SmolLM2-135M-Instruct.Q4_1.gguf}"
-bench_cpu="$repo/build/bench/bench/bench_cpu"
+bench_cpu="${DC_BENCH_CPU:-$repo/build/bench/bench/bench_cpu}"  # or any Release build's bench_cpu
 threads=2
 
 [[ -f "$model" ]] || { echo "llama_cpp.sh: no model at $model (bash scripts/fetch_model.sh)" >&2; exit 1; }

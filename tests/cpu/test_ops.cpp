@@ -313,6 +313,78 @@ TEST_CASE("attention statistics: a negative first_observed observes every query,
   CHECK(StatisticsCase::queries_of_slot0(c.run(c.n), c) == 0.0f);  // none observed
 }
 
+TEST_CASE("grouped-query attention gives each query head the bits of the same head over its own copy of K and V") {
+  // The kernel attends a KV head's query heads together (reading each K/V row once); a head's
+  // arithmetic must not depend on its group: 9 query heads on 3 KV heads against 9 on 9 KV heads
+  // holding each group's K and V three times, which attends every head alone.
+  const int len = 300, n = 2, hd = 64;
+  const dc::AttentionShape gqa{9, 3, hd, 0, 0.125f, len}, mha{9, 9, hd, 0, 0.125f, len};
+  const auto kc = random_vector(std::size_t(3) * len * hd, 21), vc = random_vector(kc.size(), 22);
+  const auto q = random_vector(std::size_t(n) * 9 * hd, 23);
+  std::vector<float> k9, v9;
+  for (int h = 0; h < 9; ++h) {
+    const std::size_t g = std::size_t(h / 3) * len * hd;
+    k9.insert(k9.end(), kc.begin() + std::ptrdiff_t(g), kc.begin() + std::ptrdiff_t(g + std::size_t(len) * hd));
+    v9.insert(v9.end(), vc.begin() + std::ptrdiff_t(g), vc.begin() + std::ptrdiff_t(g + std::size_t(len) * hd));
+  }
+  std::vector<std::int32_t> pos3(std::size_t(3) * len), pos9(std::size_t(9) * len);
+  for (std::size_t j = 0; j < pos9.size(); ++j) pos9[j] = std::int32_t(j % std::size_t(len));
+  std::copy(pos9.begin(), pos9.begin() + std::ptrdiff_t(pos3.size()), pos3.begin());
+  const std::vector<std::int32_t> query_pos{len - 2, len - 1};
+  for (const int threads : {1, 2, 8}) {  // 8 threads, 6 units: each group cut in parts of 2 + 1 heads
+    std::vector<float> grouped(q.size()), alone(q.size());
+    dc_test::with_threads(threads, [&] {
+      dc::attention(dc::Context<dc::cpu>{}, grouped.data(), q.data(), kc.data(), vc.data(), pos3.data(),
+                    len, query_pos.data(), n, gqa);
+      dc::attention(dc::Context<dc::cpu>{}, alone.data(), q.data(), k9.data(), v9.data(), pos9.data(),
+                    len, query_pos.data(), n, mha);
+      return 0;
+    });
+    CHECK(std::memcmp(grouped.data(), alone.data(), grouped.size() * sizeof(float)) == 0);
+  }
+}
+
+TEST_CASE("attention over several sequences in one call gives each the bits of its call alone") {
+  // A batched decode step runs every sequence's attention as one job list: different lengths,
+  // fp32 and bf16 caches, statistics on some; outputs and statistics must be each job's alone,
+  // for 1 and 2 threads.
+  const StatisticsCase a(37, 31), b(700, 32), c(5, 33);
+  std::vector<dc::bf16> kb(b.kc.size()), vb(b.vc.size());
+  for (std::size_t i = 0; i < kb.size(); ++i) kb[i] = dc::to_bf16(b.kc[i]), vb[i] = dc::to_bf16(b.vc[i]);
+  struct Buffers {
+    std::vector<float> out, stats;
+  };
+  auto buffers = [](const StatisticsCase& x) {
+    return Buffers{std::vector<float>(x.q.size()),
+                   std::vector<float>(std::size_t(dc::stat_block_floats(x.s.num_heads, x.s.num_kv_heads, x.len)), 0.0f)};
+  };
+  auto job = [](const StatisticsCase& x, Buffers& buf, const auto* k, const auto* v, bool stats) {
+    return dc::AttentionJob::make(buf.out.data(), x.q.data(), k, v, x.key_pos.data(), x.len,
+                                  x.query_pos.data(), x.n, x.s,
+                                  dc::AttentionStats{stats ? buf.stats.data() : nullptr, 1});
+  };
+  for (const int threads : {1, 2}) {
+    Buffers ba = buffers(a), bb = buffers(b), bc = buffers(c), sa = buffers(a), sb = buffers(b), sc = buffers(c);
+    dc_test::with_threads(threads, [&] {
+      const std::vector<dc::AttentionJob> jobs{job(a, ba, a.kc.data(), a.vc.data(), true),
+                                               job(b, bb, kb.data(), vb.data(), true),
+                                               job(c, bc, c.kc.data(), c.vc.data(), false)};
+      dc::attention(dc::Context<dc::cpu>{}, std::span<const dc::AttentionJob>(jobs));
+      for (const dc::AttentionJob& alone : {job(a, sa, a.kc.data(), a.vc.data(), true),
+                                             job(b, sb, kb.data(), vb.data(), true),
+                                             job(c, sc, c.kc.data(), c.vc.data(), false)})
+        dc::attention(dc::Context<dc::cpu>{}, std::span<const dc::AttentionJob>(&alone, 1));
+      return 0;
+    });
+    CHECK(ba.out == sa.out);
+    CHECK(ba.stats == sa.stats);
+    CHECK(bb.out == sb.out);
+    CHECK(bb.stats == sb.stats);
+    CHECK(bc.out == sc.out);
+    CHECK(sa.stats[std::size_t(dc::kStatQueries) * std::size_t(a.len)] == 2.0f);  // queries 1 and 2 observed
+  }
+}
+
 TEST_CASE("the CPU statistics fold gives bitwise the per-slot formula's sums") {
   // fold_statistics_cpu turns math::fold_slot_statistics's loops inside out (slots innermost, in
   // runs) to vectorise them; every slot must still get the formula's sums in its order. 4 query

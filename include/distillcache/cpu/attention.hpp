@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdint>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 #include "../core/backend.hpp"
@@ -83,113 +84,299 @@ inline void fold_statistics_cpu(float* block, const float* probs, const float* e
   }
 }
 
-// One query head over len cached slots: out = softmax(q K^T * scale + mask) V. Leaves scores
-// holding the unnormalised probabilities exp(score - max) (0 where masked) and returns their sum
-// and sum p * (score - max) for the entropy (sum 0: nothing visible, out 0).
+// o_h += p_hj v_j for the m query heads of a group (p [m, len], o [m, hd]), j in slot order:
+// element i of o_h is one FMA chain over the slots, whatever the spelling. The portable loops
+// keep o in memory, so every slot waits on the previous slot's store (a load, an FMA and a store
+// per 16 elements per head); where the compiler targets AVX-512 and the head size is a multiple
+// of 16 up to 256, the accumulators stay in registers for up to 4 heads at once and each V row
+// is widened once for all of them. Same FMAs in the same order: the same bits.
+template <class KV>
+inline void accumulate_values_portable(float* DC_RESTRICT o, const float* DC_RESTRICT p, int m,
+                                       const KV* DC_RESTRICT vh, int len, int hd) {
+  for (int j = 0; j < len; ++j) {
+    const KV* vj = vh + std::int64_t(j) * hd;
+    for (int h = 0; h < m; ++h) {
+      const float ph = p[std::int64_t(h) * len + j];
+      float* oh = o + std::int64_t(h) * hd;
+      for (int i = 0; i < hd; ++i) oh[i] = multiply_add(ph, element_as_float(vj, i), oh[i]);
+    }
+  }
+}
+
+#if DC_GEMM_AVX512
+template <int kVecs, int kHeads, class KV>
+inline void accumulate_values_avx512(float* DC_RESTRICT o, const float* DC_RESTRICT p,
+                                     const KV* DC_RESTRICT vh, int len) {
+  constexpr int hd = kVecs * 16;
+  __m512 acc[kHeads][kVecs];
+  for (int h = 0; h < kHeads; ++h)
+    for (int c = 0; c < kVecs; ++c) acc[h][c] = _mm512_loadu_ps(o + h * hd + c * 16);
+  for (int j = 0; j < len; ++j) {
+    const KV* vj = vh + std::int64_t(j) * hd;
+    __m512 ph[kHeads];
+    for (int h = 0; h < kHeads; ++h) ph[h] = _mm512_set1_ps(p[std::int64_t(h) * len + j]);
+    for (int c = 0; c < kVecs; ++c) {
+      const __m512 v = load_w16(vj + c * 16);
+      for (int h = 0; h < kHeads; ++h) acc[h][c] = _mm512_fmadd_ps(ph[h], v, acc[h][c]);
+    }
+  }
+  for (int h = 0; h < kHeads; ++h)
+    for (int c = 0; c < kVecs; ++c) _mm512_storeu_ps(o + h * hd + c * 16, acc[h][c]);
+}
+
+// Heads in runs of as many as 24 accumulator registers hold (at most 4).
+template <int kVecs, class KV>
+inline void accumulate_values_avx512(float* DC_RESTRICT o, const float* DC_RESTRICT p, int m,
+                                     const KV* DC_RESTRICT vh, int len) {
+  constexpr int kMaxHeads = 24 / kVecs < 4 ? 24 / kVecs : 4;
+  for (int h0 = 0; h0 < m; h0 += kMaxHeads) {
+    float* oh = o + std::int64_t(h0) * kVecs * 16;
+    const float* ph = p + std::int64_t(h0) * len;
+    switch (std::min(kMaxHeads, m - h0)) {
+      case 1: accumulate_values_avx512<kVecs, 1>(oh, ph, vh, len); break;
+      case 2: if constexpr (kMaxHeads >= 2) accumulate_values_avx512<kVecs, 2>(oh, ph, vh, len); break;
+      case 3: if constexpr (kMaxHeads >= 3) accumulate_values_avx512<kVecs, 3>(oh, ph, vh, len); break;
+      default: if constexpr (kMaxHeads >= 4) accumulate_values_avx512<kVecs, 4>(oh, ph, vh, len); break;
+    }
+  }
+}
+#endif
+
+template <class KV>
+inline void accumulate_values(float* DC_RESTRICT o, const float* DC_RESTRICT p, int m,
+                              const KV* DC_RESTRICT vh, int len, int hd) {
+#if DC_GEMM_AVX512
+  switch (hd) {
+    case 64: return accumulate_values_avx512<4>(o, p, m, vh, len);
+    case 128: return accumulate_values_avx512<8>(o, p, m, vh, len);
+    case 256: return accumulate_values_avx512<16>(o, p, m, vh, len);
+    default: break;
+  }
+#endif
+  accumulate_values_portable(o, p, m, vh, len, hd);
+}
+
+// Query heads sharing one KV head over its len cached slots: for each head h of the m,
+// o_h = softmax(q_h K^T * scale + mask) V. Leaves scores[h * len + j] holding the unnormalised
+// probabilities exp(score - max) (0 where masked) and writes each head's sum and
+// sum p * (score - max) for the entropy (sum 0: nothing visible, o_h 0).
 //
-// Written for the decode step, where this runs once per cached token per head per step: the
-// scores are the GEMM micro-kernel's dot products (6 keys per call), the exponentials
-// math::exp_nonpositive (vectorised; glibc's expf is a call per key). The sums and the output run
-// in slot order, one chain each, so a masked slot adds an exact zero: dropping it from the cache
-// (trimming to a window, evicting what no query sees) changes no bit, and results depend on
-// neither threads nor batch.
+// Written for the decode step, where this runs once per cached token per KV head per step and
+// the K and V rows are the bytes that decide its speed: the group's heads read each row once
+// (grouped-query attention's point), not once per query head. The scores are the GEMM
+// micro-kernel's dot products (up to 4 heads x 6 keys per call; an element's bits do not depend
+// on the tile shape), the exponentials math::exp_nonpositive (vectorised; glibc's expf is a
+// call per key). Each head's sums and output run in slot order, one chain each, so a masked slot
+// adds an exact zero: dropping it from the cache (trimming to a window, evicting what no query
+// sees) changes no bit, and results depend on neither threads, batch nor how heads are grouped.
 struct HeadSoftmax {
   float sum = 0.0f;
   float weighted_score = 0.0f;
 };
 
 template <class KV>
-inline HeadSoftmax attend_one_head(float* DC_RESTRICT o, float* DC_RESTRICT scores, const float* DC_RESTRICT qv,
-                                   const KV* DC_RESTRICT kh, const KV* DC_RESTRICT vh,
-                                   const std::int32_t* DC_RESTRICT kp, int len, int query_pos,
-                                   const AttentionShape& s) {
+inline void attend_head_group(float* DC_RESTRICT o, float* DC_RESTRICT scores, HeadSoftmax* DC_RESTRICT result,
+                              const float* DC_RESTRICT q, int m, const KV* DC_RESTRICT kh,
+                              const KV* DC_RESTRICT vh, const std::int32_t* DC_RESTRICT kp, int len,
+                              int query_pos, const AttentionShape& s) {
   const int hd = s.head_dim;
-  constexpr int kKeysPerCall = 6;
+  constexpr int kHeadsPerCall = 4, kKeysPerCall = 6;
   for (int j = 0; j < len; j += kKeysPerCall)
-    gemm_tile<1, kKeysPerCall>(scores + j, 0, qv, kh + std::int64_t(j) * hd, hd, 1,
-                               std::min(kKeysPerCall, len - j), false);
-  float max_score = -INFINITY;
-  for (int j = 0; j < len; ++j) {
-    scores[j] = math::attends(query_pos, kp[j], s.window) ? scores[j] * s.scale : -INFINITY;
-    max_score = fmaxf(max_score, scores[j]);
-  }
-  for (int i = 0; i < hd; ++i) o[i] = 0.0f;
-  if (max_score == -INFINITY) return {};  // nothing visible: cannot happen with the query cached
-
-  // In blocks: the exponentials vectorise, the sums run in slot order.
-  HeadSoftmax result;
-  constexpr int kBlock = 64;
-  for (int j0 = 0; j0 < len; j0 += kBlock) {
-    const int m = std::min(kBlock, len - j0);
-    float shifted[kBlock], p[kBlock];
-    for (int j = 0; j < m; ++j) shifted[j] = scores[j0 + j] - max_score;  // -inf where masked
-    for (int j = 0; j < m; ++j) p[j] = math::exp_nonpositive(shifted[j]);
-    for (int j = 0; j < m; ++j) {
-      result.sum += p[j];
-      result.weighted_score += p[j] > 0.0f ? p[j] * shifted[j] : 0.0f;
-      scores[j0 + j] = p[j];
+    for (int h = 0; h < m; h += kHeadsPerCall)
+      gemm_tile<kHeadsPerCall, kKeysPerCall>(scores + std::int64_t(h) * len + j, len,
+                                             q + std::int64_t(h) * hd, kh + std::int64_t(j) * hd, hd,
+                                             std::min(kHeadsPerCall, m - h),
+                                             std::min(kKeysPerCall, len - j), false);
+  for (int i = 0; i < m * hd; ++i) o[i] = 0.0f;
+  for (int h = 0; h < m; ++h) {
+    float* sh = scores + std::int64_t(h) * len;
+    float max_score = -INFINITY;
+    for (int j = 0; j < len; ++j) {
+      sh[j] = math::attends(query_pos, kp[j], s.window) ? sh[j] * s.scale : -INFINITY;
+      max_score = fmaxf(max_score, sh[j]);
     }
+    HeadSoftmax sums;  // in registers: the chains below are the loop's critical path
+    if (max_score == -INFINITY) {  // nothing visible (cannot happen with the query cached)
+      for (int j = 0; j < len; ++j) sh[j] = 0.0f;
+      result[h] = sums;
+      continue;
+    }
+    // In blocks: the exponentials vectorise, the sums run in slot order.
+    constexpr int kBlock = 64;
+    for (int j0 = 0; j0 < len; j0 += kBlock) {
+      const int b = std::min(kBlock, len - j0);
+      float shifted[kBlock], p[kBlock];
+      for (int j = 0; j < b; ++j) shifted[j] = sh[j0 + j] - max_score;  // -inf where masked
+      for (int j = 0; j < b; ++j) p[j] = math::exp_nonpositive(shifted[j]);
+      for (int j = 0; j < b; ++j) {
+        sums.sum += p[j];
+        sums.weighted_score += p[j] > 0.0f ? p[j] * shifted[j] : 0.0f;
+        sh[j0 + j] = p[j];
+      }
+    }
+    result[h] = sums;
   }
 
-  // o = sum_j p_j v_j / sum, in slot order; j outer so each V row is read once.
-  const float inv = 1.0f / result.sum;
-  for (int j = 0; j < len; ++j) {
-    const KV* vj = vh + std::int64_t(j) * hd;
-    const float p = scores[j];
-    for (int i = 0; i < hd; ++i) o[i] = multiply_add(p, element_as_float(vj, i), o[i]);
+  // o_h = sum_j p_hj v_j / sum_h, in slot order; j outer so each V row is read once for all
+  // the group's heads.
+  accumulate_values(o, scores, m, vh, len, hd);
+  for (int h = 0; h < m; ++h) {
+    if (result[h].sum == 0.0f) continue;
+    const float inv = 1.0f / result[h].sum;
+    for (int i = 0; i < hd; ++i) o[std::int64_t(h) * hd + i] *= inv;
   }
-  for (int i = 0; i < hd; ++i) o[i] *= inv;
-  return result;
+}
+
+// How many parts the query heads of a KV head are cut into, given the `units` (queries x KV
+// heads, over every job of a call) to share among the threads. One part reads each K/V row once
+// for the whole group, the point of grouping, and it pays even when a thread is left idle part
+// of the time: a single SmolLM2 decode step (3 KV heads, 2 threads) measured faster with 3 whole
+// groups (one thread takes two) than with 9 single heads (5 and 4). Only when there are fewer
+// units than threads (Gemma 3 270M: one KV head) are the heads cut, into as many parts as there
+// are idle threads.
+inline int head_group_parts(std::int64_t units, int group, int threads) {
+  if (units >= threads) return 1;
+  return int(std::min<std::int64_t>(group, (threads + units - 1) / units));
 }
 
 }  // namespace cpu_detail
+
+// One sequence's attention in a batched step: out[n, heads*head_dim] = softmax(q K^T * scale +
+// mask) V over its own cache (K and V [kv_heads, capacity, head_dim] as float or bf16, the
+// cache's storage type, widened to fp32 as they are read), with the statistics of its observed
+// queries accumulated into stats.block when given.
+struct AttentionJob {
+  float* out = nullptr;
+  const float* q = nullptr;
+  const void* k_cache = nullptr;
+  const void* v_cache = nullptr;
+  bool bf16_kv = false;  // K and V are bf16 (else float)
+  const std::int32_t* key_pos = nullptr;
+  int len = 0;
+  const std::int32_t* query_pos = nullptr;
+  int n = 0;
+  AttentionShape shape;
+  AttentionStats stats;
+
+  template <class KV>
+  static AttentionJob make(float* out, const float* q, const KV* k_cache, const KV* v_cache,
+                           const std::int32_t* key_pos, int len, const std::int32_t* query_pos,
+                           int n, const AttentionShape& s, AttentionStats stats) {
+    static_assert(std::is_same_v<KV, float> || std::is_same_v<KV, bf16>);
+    return {out, q, k_cache, v_cache, std::is_same_v<KV, bf16>, key_pos, len, query_pos, n, s, stats};
+  }
+  // Observed queries are t in [first_observed, n), first_observed clamped to [0, n] as the CUDA
+  // overload does (a negative one means every query).
+  int observed() const { return stats.block ? n - std::clamp(stats.first_observed, 0, n) : 0; }
+};
+
+// The attention of every job (each sequence of a batched step, or one) in one parallel region:
+// the tasks are (job, query, KV head, part of its query heads), so a step of S sequences keeps
+// both threads busy with whole groups (each K/V row read once per step) and forks once per
+// layer rather than once per sequence. A job's results do not depend on the others, the thread
+// count or the scheduling (each output and probability is one task's, the statistics are
+// folded per job afterwards in a fixed order).
+inline void attention(const Context<cpu>&, std::span<const AttentionJob> jobs) {
+  // Probabilities [observed, heads, len] and row entropies [observed, heads] of each job's
+  // observed queries, at the job's offsets. Scratch of the calling thread, shared with the
+  // OpenMP workers through plain pointers.
+  thread_local std::vector<float> probs_scratch, entropy_scratch;
+  thread_local std::vector<std::int64_t> probs_at, entropy_at, task_end;
+  std::int64_t probs_size = 0, entropy_size = 0, units = 0;
+  probs_at.resize(jobs.size());
+  entropy_at.resize(jobs.size());
+  int group = 1;
+  for (std::size_t i = 0; i < jobs.size(); ++i) {
+    const AttentionJob& job = jobs[i];
+    const int observed = job.observed();
+    probs_at[i] = probs_size;
+    entropy_at[i] = entropy_size;
+    probs_size += std::int64_t(observed) * job.shape.num_heads * job.len;
+    entropy_size += std::int64_t(observed) * job.shape.num_heads;
+    units += std::int64_t(job.n) * job.shape.num_kv_heads;
+    group = std::max(group, job.shape.num_heads / job.shape.num_kv_heads);
+  }
+  probs_scratch.assign(std::size_t(probs_size), 0.0f);
+  entropy_scratch.assign(std::size_t(entropy_size), 0.0f);
+  const int parts = cpu_detail::head_group_parts(units, group, cpu_detail::max_threads());
+  task_end.resize(jobs.size());
+  std::int64_t tasks = 0;
+  for (std::size_t i = 0; i < jobs.size(); ++i)
+    task_end[i] = tasks += std::int64_t(jobs[i].n) * jobs[i].shape.num_kv_heads * parts;
+  float* const probs = probs_scratch.data();
+  float* const entropy = entropy_scratch.data();
+  const std::int64_t* const ends = task_end.data();
+  const std::int64_t* const probs_offset = probs_at.data();
+  const std::int64_t* const entropy_offset = entropy_at.data();
+  const std::size_t num_jobs = jobs.size();
+
+  // Dynamic: jobs of a batch differ in length (students at different budgets), and early
+  // prefill queries see fewer keys than late ones.
+  DC_OMP(parallel for schedule(static))
+  for (std::int64_t task = 0; task < tasks; ++task) {
+    const std::size_t i = std::size_t(std::upper_bound(ends, ends + num_jobs, task) - ends);
+    const AttentionJob& job = jobs[i];
+    const AttentionShape& s = job.shape;
+    const std::int64_t local = task - (i ? ends[i - 1] : 0);
+    const int t = int(local / (std::int64_t(s.num_kv_heads) * parts));
+    const int kvh = int(local / parts % s.num_kv_heads);
+    const int job_group = s.num_heads / s.num_kv_heads;
+    const int heads_per_part = (job_group + parts - 1) / parts;
+    const int h0 = kvh * job_group + int(local % parts) * heads_per_part;
+    const int m = std::min(heads_per_part, (kvh + 1) * job_group - h0);
+    if (m <= 0) continue;
+    thread_local std::vector<float> scores;
+    thread_local std::vector<cpu_detail::HeadSoftmax> softmax;
+    scores.resize(std::size_t(m) * job.len);
+    softmax.resize(std::size_t(m));
+    const std::int64_t kv_offset = std::int64_t(kvh) * s.capacity * s.head_dim;
+    auto attend = [&](const auto* k_cache, const auto* v_cache) {
+      cpu_detail::attend_head_group(
+          job.out + (std::int64_t(t) * s.num_heads + h0) * s.head_dim, scores.data(), softmax.data(),
+          job.q + (std::int64_t(t) * s.num_heads + h0) * s.head_dim, m, k_cache + kv_offset,
+          v_cache + kv_offset, job.key_pos + std::int64_t(kvh) * s.capacity, job.len,
+          job.query_pos[t], s);
+    };
+    if (job.bf16_kv)
+      attend(static_cast<const bf16*>(job.k_cache), static_cast<const bf16*>(job.v_cache));
+    else
+      attend(static_cast<const float*>(job.k_cache), static_cast<const float*>(job.v_cache));
+
+    const int r = t - (job.n - job.observed());  // index among observed queries
+    if (r < 0) continue;
+    for (int k = 0; k < m; ++k) {
+      const cpu_detail::HeadSoftmax& sm = softmax[std::size_t(k)];
+      if (sm.sum == 0.0f) continue;
+      const float inv = 1.0f / sm.sum;
+      const int h = h0 + k;
+      const float* srow = scores.data() + std::size_t(k) * job.len;
+      float* prow = probs + probs_offset[i] + (std::int64_t(r) * s.num_heads + h) * job.len;
+      for (int j = 0; j < job.len; ++j) prow[j] = srow[j] * inv;
+      entropy[entropy_offset[i] + std::int64_t(r) * s.num_heads + h] =
+          math::softmax_entropy(std::log(sm.sum), sm.weighted_score * inv);
+    }
+  }
+
+  for (std::size_t i = 0; i < jobs.size(); ++i) {
+    const AttentionJob& job = jobs[i];
+    const int observed = job.observed();
+    if (!observed) continue;
+    cpu_detail::fold_statistics_cpu(job.stats.block, probs + probs_at[i], entropy + entropy_at[i],
+                                    job.key_pos, job.query_pos + (job.n - observed), observed,
+                                    job.len, job.shape);
+  }
+}
 
 // out[n, heads*head_dim] = softmax(q K^T * scale + mask) V, per query head; accumulates the
 // statistics of observed queries into stats.block when given. K and V are stored as KV (float
 // or bf16: the cache's storage type) and widened to fp32 as they are read.
 template <class KV>
-void attention(const Context<cpu>&, float* out, const float* q, const KV* k_cache, const KV* v_cache,
+void attention(const Context<cpu>& ctx, float* out, const float* q, const KV* k_cache, const KV* v_cache,
                const std::int32_t* key_pos, int len, const std::int32_t* query_pos, int n,
                const AttentionShape& s, AttentionStats stats = {}) {
-  const int hd = s.head_dim;
-  // Observed queries are t in [first_observed, n), first_observed clamped to [0, n] as the CUDA
-  // overload does (a negative one means every query).
-  const int observed = stats.block ? n - std::clamp(stats.first_observed, 0, n) : 0;
-  // Probabilities [observed, heads, len] and row entropies [observed, heads] of observed queries.
-  // Scratch of the calling thread, shared with the OpenMP workers through plain pointers.
-  thread_local std::vector<float> probs_scratch, entropy_scratch;
-  if (observed) {
-    probs_scratch.assign(std::size_t(observed) * s.num_heads * len, 0.0f);
-    entropy_scratch.assign(std::size_t(observed) * s.num_heads, 0.0f);
-  }
-  float* const probs = probs_scratch.data();
-  float* const entropy = entropy_scratch.data();
-
-  DC_OMP(parallel for collapse(2) schedule(static))
-  for (int t = 0; t < n; ++t) {
-    for (int h = 0; h < s.num_heads; ++h) {
-      thread_local std::vector<float> scores;
-      scores.resize(static_cast<std::size_t>(len));
-      const int kvh = math::kv_head_of(h, s.num_heads, s.num_kv_heads);
-      float* o = out + (std::int64_t(t) * s.num_heads + h) * hd;
-      const cpu_detail::HeadSoftmax softmax = cpu_detail::attend_one_head(
-          o, scores.data(), q + (std::int64_t(t) * s.num_heads + h) * hd,
-          k_cache + std::int64_t(kvh) * s.capacity * hd, v_cache + std::int64_t(kvh) * s.capacity * hd,
-          key_pos + std::int64_t(kvh) * s.capacity, len, query_pos[t], s);
-
-      const int r = t - (n - observed);  // index among observed queries
-      if (r < 0 || softmax.sum == 0.0f) continue;
-      const float inv = 1.0f / softmax.sum;
-      float* prow = probs + (std::size_t(r) * s.num_heads + h) * len;
-      for (int j = 0; j < len; ++j) prow[j] = scores[std::size_t(j)] * inv;
-      entropy[std::size_t(r) * s.num_heads + h] =
-          math::softmax_entropy(std::log(softmax.sum), softmax.weighted_score * inv);
-    }
-  }
-  if (!observed) return;
-
-  cpu_detail::fold_statistics_cpu(stats.block, probs, entropy, key_pos, query_pos + (n - observed),
-                                  observed, len, s);
+  const AttentionJob job =
+      AttentionJob::make(out, q, k_cache, v_cache, key_pos, len, query_pos, n, s, stats);
+  attention(ctx, std::span<const AttentionJob>(&job, 1));
 }
 
 }  // namespace dc

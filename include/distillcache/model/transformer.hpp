@@ -25,6 +25,7 @@
 #include <cmath>
 #include <cstdint>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 #include "../cache/kv_cache.hpp"
@@ -322,9 +323,17 @@ class Transformer {
         const AttentionStats stats{r.observed ? cache.stats(l) : nullptr, r.first_observed};
         cache.with_kv(l, [&](auto* k_cache, auto* v_cache) {  // fp32 or bf16 storage
           kv_write(ctx_, k_cache, v_cache, ks, vs, rows, first, r.shape, cache.stats(l));
-          attention(ctx_, att + row * qd, qs, k_cache, v_cache, cache.positions(l), cache.length(l), query_pos,
-                    rows, r.shape, stats);
+          if constexpr (std::is_same_v<B, cpu>)  // every sequence's attention in one call, below
+            jobs_.push_back(AttentionJob::make(att + row * qd, qs, k_cache, v_cache, cache.positions(l),
+                                               cache.length(l), query_pos, rows, r.shape, stats));
+          else
+            attention(ctx_, att + row * qd, qs, k_cache, v_cache, cache.positions(l), cache.length(l),
+                      query_pos, rows, r.shape, stats);
         });
+      }
+      if constexpr (std::is_same_v<B, cpu>) {
+        attention(ctx_, std::span<const AttentionJob>(jobs_));
+        jobs_.clear();
       }
       residual_add(x, xn, att, L.wo, qd, L.attn_out_norm, n);
       // Feed-forward block: x += W_down (act(W_gate xn) * W_up xn), act silu or gelu_tanh.
@@ -377,6 +386,7 @@ class Transformer {
   Tensor<std::int32_t, B> tokens_;
   std::vector<Segment> segments_;  // forward_batch's one-row segments
   std::vector<SegmentRows> rows_;
+  std::vector<AttentionJob> jobs_;  // CPU: a layer's attention of every segment, run as one call
 };
 
 }  // namespace dc
