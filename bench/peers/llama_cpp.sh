@@ -63,7 +63,7 @@ echo "== llama-bench (decode tg32 at depths 0,512,2048,8192; prefill pp512, pp20
 
 echo "== distillcache bench_cpu (same machine, same run)"
 OMP_NUM_THREADS=$threads "$bench_cpu" \
-  --benchmark_filter='smollm2_(decode|decode_bf16|decode_gguf|decode_gguf_kv_bf16)/(512|2048|8191)$|smollm2_decode_batch_gguf_kv_bf16/|smollm2_prefill(_gguf)?/(512|2048)/' \
+  --benchmark_filter='smollm2_(decode|decode_bf16|decode_gguf|decode_gguf_kv_bf16)/(512|2048|8191)$|smollm2_decode_batch_gguf_kv_bf16/|smollm2_decode_batch_bf16/|smollm2_prefill(_gguf)?/(512|2048)/' \
   --benchmark_repetitions=3 --benchmark_report_aggregates_only=true \
   --benchmark_out="$out/distillcache_bench.json" --benchmark_out_format=json >/dev/null
 

@@ -66,15 +66,17 @@ def main():
         ratio = f"{gguf / ref:.2f}x" if gguf and ref else "—"
         print(f"| prefill {n} | {fmt(ref)} | {fmt(f32)} | — | {fmt(gguf)} | — | {ratio} |")
     print()
-    print("Batched decoding, GGUF blocks + bf16 KV cache: tokens/s of all S sequences together; a 25 %")
-    print("budget of a 2k (8k) context is 512 (2048) cached tokens, the full cache 2048 (8191).")
+    print("Batched decoding: tokens/s of all S sequences together; a 25 % budget of a 2k (8k) context")
+    print("is 512 (2048) cached tokens, the full cache 2048 (8191).")
     print()
-    print("| cached tokens per sequence | S = 1 | S = 4 | S = 16 | llama.cpp, S = 1, full cache |")
-    print("|---|---:|---:|---:|---:|")
-    for cached, depth in ((512, None), (2048, 2048), (8191, 8192)):
-        row = [mine.get(f"smollm2_decode_batch_gguf_kv_bf16/sequences:{s}/cached:{cached}") for s in (1, 4, 16)]
-        ref = llama.get(("decode", 32, depth), (None, None))[0] if depth else None
-        print(f"| {cached} | " + " | ".join(fmt(v) for v in row) + f" | {fmt(ref)} |")
+    print("| weights, KV cache | cached tokens per sequence | S = 1 | S = 4 | S = 16 | llama.cpp, S = 1, full cache |")
+    print("|---|---|---:|---:|---:|---:|")
+    for label, name in (("GGUF blocks, bf16", "smollm2_decode_batch_gguf_kv_bf16"),
+                        ("bf16, fp32", "smollm2_decode_batch_bf16")):
+        for cached, depth in ((512, None), (2048, 2048), (8191, 8192)):
+            row = [mine.get(f"{name}/sequences:{s}/cached:{cached}") for s in (1, 4, 16)]
+            ref = llama.get(("decode", 32, depth), (None, None))[0] if depth else None
+            print(f"| {label} | {cached} | " + " | ".join(fmt(v) for v in row) + f" | {fmt(ref)} |")
     print()
     print("Tokens per second (llama-bench: mean of its repetitions, tg32 after a prompt of the given")
     print("depth; bench_cpu: median of 3, one decode step at the given cache length, 8191 for 8192).")

@@ -84,19 +84,20 @@ inline void fold_statistics_cpu(float* block, const float* probs, const float* e
   }
 }
 
-// o_h += p_hj v_j for the m query heads of a group (p [m, len], o [m, hd]), j in slot order:
+// o_h += p_hj v_j for the m query heads of a group (p: m rows of len, ldp apart; o [m, hd]), j in
+// slot order:
 // element i of o_h is one FMA chain over the slots, whatever the spelling. The portable loops
 // keep o in memory, so every slot waits on the previous slot's store (a load, an FMA and a store
 // per 16 elements per head); where the compiler targets AVX-512 and the head size is a multiple
 // of 16 up to 256, the accumulators stay in registers for up to 4 heads at once and each V row
 // is widened once for all of them. Same FMAs in the same order: the same bits.
 template <class KV>
-inline void accumulate_values_portable(float* DC_RESTRICT o, const float* DC_RESTRICT p, int m,
-                                       const KV* DC_RESTRICT vh, int len, int hd) {
+inline void accumulate_values_portable(float* DC_RESTRICT o, const float* DC_RESTRICT p, int ldp,
+                                       int m, const KV* DC_RESTRICT vh, int len, int hd) {
   for (int j = 0; j < len; ++j) {
     const KV* vj = vh + std::int64_t(j) * hd;
     for (int h = 0; h < m; ++h) {
-      const float ph = p[std::int64_t(h) * len + j];
+      const float ph = p[std::int64_t(h) * ldp + j];
       float* oh = o + std::int64_t(h) * hd;
       for (int i = 0; i < hd; ++i) oh[i] = multiply_add(ph, element_as_float(vj, i), oh[i]);
     }
@@ -105,7 +106,7 @@ inline void accumulate_values_portable(float* DC_RESTRICT o, const float* DC_RES
 
 #if DC_GEMM_AVX512
 template <int kVecs, int kHeads, class KV>
-inline void accumulate_values_avx512(float* DC_RESTRICT o, const float* DC_RESTRICT p,
+inline void accumulate_values_avx512(float* DC_RESTRICT o, const float* DC_RESTRICT p, int ldp,
                                      const KV* DC_RESTRICT vh, int len) {
   constexpr int hd = kVecs * 16;
   __m512 acc[kHeads][kVecs];
@@ -114,7 +115,7 @@ inline void accumulate_values_avx512(float* DC_RESTRICT o, const float* DC_RESTR
   for (int j = 0; j < len; ++j) {
     const KV* vj = vh + std::int64_t(j) * hd;
     __m512 ph[kHeads];
-    for (int h = 0; h < kHeads; ++h) ph[h] = _mm512_set1_ps(p[std::int64_t(h) * len + j]);
+    for (int h = 0; h < kHeads; ++h) ph[h] = _mm512_set1_ps(p[std::int64_t(h) * ldp + j]);
     for (int c = 0; c < kVecs; ++c) {
       const __m512 v = load_w16(vj + c * 16);
       for (int h = 0; h < kHeads; ++h) acc[h][c] = _mm512_fmadd_ps(ph[h], v, acc[h][c]);
@@ -126,34 +127,34 @@ inline void accumulate_values_avx512(float* DC_RESTRICT o, const float* DC_RESTR
 
 // Heads in runs of as many as 24 accumulator registers hold (at most 4).
 template <int kVecs, class KV>
-inline void accumulate_values_avx512(float* DC_RESTRICT o, const float* DC_RESTRICT p, int m,
+inline void accumulate_values_avx512(float* DC_RESTRICT o, const float* DC_RESTRICT p, int ldp, int m,
                                      const KV* DC_RESTRICT vh, int len) {
   constexpr int kMaxHeads = 24 / kVecs < 4 ? 24 / kVecs : 4;
   for (int h0 = 0; h0 < m; h0 += kMaxHeads) {
     float* oh = o + std::int64_t(h0) * kVecs * 16;
-    const float* ph = p + std::int64_t(h0) * len;
+    const float* ph = p + std::int64_t(h0) * ldp;
     switch (std::min(kMaxHeads, m - h0)) {
-      case 1: accumulate_values_avx512<kVecs, 1>(oh, ph, vh, len); break;
-      case 2: if constexpr (kMaxHeads >= 2) accumulate_values_avx512<kVecs, 2>(oh, ph, vh, len); break;
-      case 3: if constexpr (kMaxHeads >= 3) accumulate_values_avx512<kVecs, 3>(oh, ph, vh, len); break;
-      default: if constexpr (kMaxHeads >= 4) accumulate_values_avx512<kVecs, 4>(oh, ph, vh, len); break;
+      case 1: accumulate_values_avx512<kVecs, 1>(oh, ph, ldp, vh, len); break;
+      case 2: if constexpr (kMaxHeads >= 2) accumulate_values_avx512<kVecs, 2>(oh, ph, ldp, vh, len); break;
+      case 3: if constexpr (kMaxHeads >= 3) accumulate_values_avx512<kVecs, 3>(oh, ph, ldp, vh, len); break;
+      default: if constexpr (kMaxHeads >= 4) accumulate_values_avx512<kVecs, 4>(oh, ph, ldp, vh, len); break;
     }
   }
 }
 #endif
 
 template <class KV>
-inline void accumulate_values(float* DC_RESTRICT o, const float* DC_RESTRICT p, int m,
+inline void accumulate_values(float* DC_RESTRICT o, const float* DC_RESTRICT p, int ldp, int m,
                               const KV* DC_RESTRICT vh, int len, int hd) {
 #if DC_GEMM_AVX512
   switch (hd) {
-    case 64: return accumulate_values_avx512<4>(o, p, m, vh, len);
-    case 128: return accumulate_values_avx512<8>(o, p, m, vh, len);
-    case 256: return accumulate_values_avx512<16>(o, p, m, vh, len);
+    case 64: return accumulate_values_avx512<4>(o, p, ldp, m, vh, len);
+    case 128: return accumulate_values_avx512<8>(o, p, ldp, m, vh, len);
+    case 256: return accumulate_values_avx512<16>(o, p, ldp, m, vh, len);
     default: break;
   }
 #endif
-  accumulate_values_portable(o, p, m, vh, len, hd);
+  accumulate_values_portable(o, p, ldp, m, vh, len, hd);
 }
 
 // Query heads sharing one KV head over its len cached slots: for each head h of the m,
@@ -180,31 +181,45 @@ inline void attend_head_group(float* DC_RESTRICT o, float* DC_RESTRICT scores, H
                               const KV* DC_RESTRICT vh, const std::int32_t* DC_RESTRICT kp, int len,
                               int query_pos, const AttentionShape& s) {
   const int hd = s.head_dim;
+  // Only the slots from the first to the last the query sees are scored: in a prefill chunk a
+  // query sees the slots up to its own (half the chunk's scores on average), in a windowed
+  // layer those of its window. The rest would add exact zeros, so the bits do not change.
+  int lo = 0, hi = len;
+  while (hi > lo && !math::attends(query_pos, kp[hi - 1], s.window)) --hi;
+  while (lo < hi && !math::attends(query_pos, kp[lo], s.window)) ++lo;
+  for (int h = 0; h < m; ++h) {  // probabilities of the slots outside: 0
+    std::fill(scores + std::int64_t(h) * len, scores + std::int64_t(h) * len + lo, 0.0f);
+    std::fill(scores + std::int64_t(h) * len + hi, scores + std::int64_t(h + 1) * len, 0.0f);
+  }
+  for (int i = 0; i < m * hd; ++i) o[i] = 0.0f;
+  for (int h = 0; h < m; ++h) result[h] = {};
+  const int n = hi - lo;
+  if (n == 0) return;  // nothing visible (cannot happen with the query cached)
+  float* const sc = scores + lo;  // row h of the scored slots: sc + h * len, n of them
+  kh += std::int64_t(lo) * hd;
+  vh += std::int64_t(lo) * hd;
+  kp += lo;
+
   constexpr int kHeadsPerCall = 4, kKeysPerCall = 6;
-  for (int j = 0; j < len; j += kKeysPerCall)
+  for (int j = 0; j < n; j += kKeysPerCall)
     for (int h = 0; h < m; h += kHeadsPerCall)
-      gemm_tile<kHeadsPerCall, kKeysPerCall>(scores + std::int64_t(h) * len + j, len,
+      gemm_tile<kHeadsPerCall, kKeysPerCall>(sc + std::int64_t(h) * len + j, len,
                                              q + std::int64_t(h) * hd, kh + std::int64_t(j) * hd, hd,
                                              std::min(kHeadsPerCall, m - h),
-                                             std::min(kKeysPerCall, len - j), false);
-  for (int i = 0; i < m * hd; ++i) o[i] = 0.0f;
+                                             std::min(kKeysPerCall, n - j), false);
   for (int h = 0; h < m; ++h) {
-    float* sh = scores + std::int64_t(h) * len;
+    float* sh = sc + std::int64_t(h) * len;
     float max_score = -INFINITY;
-    for (int j = 0; j < len; ++j) {
+    for (int j = 0; j < n; ++j) {
       sh[j] = math::attends(query_pos, kp[j], s.window) ? sh[j] * s.scale : -INFINITY;
       max_score = fmaxf(max_score, sh[j]);
     }
-    HeadSoftmax sums;  // in registers: the chains below are the loop's critical path
-    if (max_score == -INFINITY) {  // nothing visible (cannot happen with the query cached)
-      for (int j = 0; j < len; ++j) sh[j] = 0.0f;
-      result[h] = sums;
-      continue;
-    }
-    // In blocks: the exponentials vectorise, the sums run in slot order.
+    // In blocks: the exponentials vectorise, the sums run in slot order (in registers: these
+    // chains are the loop's critical path).
+    HeadSoftmax sums;
     constexpr int kBlock = 64;
-    for (int j0 = 0; j0 < len; j0 += kBlock) {
-      const int b = std::min(kBlock, len - j0);
+    for (int j0 = 0; j0 < n; j0 += kBlock) {
+      const int b = std::min(kBlock, n - j0);
       float shifted[kBlock], p[kBlock];
       for (int j = 0; j < b; ++j) shifted[j] = sh[j0 + j] - max_score;  // -inf where masked
       for (int j = 0; j < b; ++j) p[j] = math::exp_nonpositive(shifted[j]);
@@ -219,9 +234,8 @@ inline void attend_head_group(float* DC_RESTRICT o, float* DC_RESTRICT scores, H
 
   // o_h = sum_j p_hj v_j / sum_h, in slot order; j outer so each V row is read once for all
   // the group's heads.
-  accumulate_values(o, scores, m, vh, len, hd);
+  accumulate_values(o, sc, len, m, vh, n, hd);
   for (int h = 0; h < m; ++h) {
-    if (result[h].sum == 0.0f) continue;
     const float inv = 1.0f / result[h].sum;
     for (int i = 0; i < hd; ++i) o[std::int64_t(h) * hd + i] *= inv;
   }
