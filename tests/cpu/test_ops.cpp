@@ -315,33 +315,39 @@ TEST_CASE("attention statistics: a negative first_observed observes every query,
 
 TEST_CASE("grouped-query attention gives each query head the bits of the same head over its own copy of K and V") {
   // The kernel attends a KV head's query heads together (reading each K/V row once); a head's
-  // arithmetic must not depend on its group: 9 query heads on 3 KV heads against 9 on 9 KV heads
-  // holding each group's K and V three times, which attends every head alone.
-  const int len = 300, n = 2, hd = 64;
-  const dc::AttentionShape gqa{9, 3, hd, 0, 0.125f, len}, mha{9, 9, hd, 0, 0.125f, len};
-  const auto kc = random_vector(std::size_t(3) * len * hd, 21), vc = random_vector(kc.size(), 22);
-  const auto q = random_vector(std::size_t(n) * 9 * hd, 23);
-  std::vector<float> k9, v9;
-  for (int h = 0; h < 9; ++h) {
-    const std::size_t g = std::size_t(h / 3) * len * hd;
-    k9.insert(k9.end(), kc.begin() + std::ptrdiff_t(g), kc.begin() + std::ptrdiff_t(g + std::size_t(len) * hd));
-    v9.insert(v9.end(), vc.begin() + std::ptrdiff_t(g), vc.begin() + std::ptrdiff_t(g + std::size_t(len) * hd));
-  }
-  std::vector<std::int32_t> pos3(std::size_t(3) * len), pos9(std::size_t(9) * len);
-  for (std::size_t j = 0; j < pos9.size(); ++j) pos9[j] = std::int32_t(j % std::size_t(len));
-  std::copy(pos9.begin(), pos9.begin() + std::ptrdiff_t(pos3.size()), pos3.begin());
-  const std::vector<std::int32_t> query_pos{len - 2, len - 1};
-  for (const int threads : {1, 2, 8}) {  // 8 threads, 6 units: each group cut in parts of 2 + 1 heads
+  // arithmetic must not depend on its group: `heads` query heads on `kv` KV heads against
+  // `heads` on `heads` KV heads holding each group's K and V once per query head, which attends
+  // every head alone. 9 on 3 (SmolLM2) runs whole groups; one decode query of 4 heads on 1 KV
+  // head on 2 threads has fewer units than threads, so the group is cut in two parts.
+  auto check = [](int heads, int kv, int n, int threads) {
+    const int len = 300, hd = 64, group = heads / kv;
+    const dc::AttentionShape gqa{heads, kv, hd, 0, 0.125f, len}, mha{heads, heads, hd, 0, 0.125f, len};
+    const auto kc = random_vector(std::size_t(kv) * len * hd, 21), vc = random_vector(kc.size(), 22);
+    const auto q = random_vector(std::size_t(n) * heads * hd, 23);
+    std::vector<float> kh, vh;
+    for (int h = 0; h < heads; ++h) {
+      const auto from = std::ptrdiff_t(std::size_t(h / group) * len * hd), size = std::ptrdiff_t(len * hd);
+      kh.insert(kh.end(), kc.begin() + from, kc.begin() + from + size);
+      vh.insert(vh.end(), vc.begin() + from, vc.begin() + from + size);
+    }
+    std::vector<std::int32_t> pos(std::size_t(heads) * len);
+    for (std::size_t j = 0; j < pos.size(); ++j) pos[j] = std::int32_t(j % std::size_t(len));
+    std::vector<std::int32_t> query_pos;
+    for (int t = 0; t < n; ++t) query_pos.push_back(len - n + t);
     std::vector<float> grouped(q.size()), alone(q.size());
     dc_test::with_threads(threads, [&] {
-      dc::attention(dc::Context<dc::cpu>{}, grouped.data(), q.data(), kc.data(), vc.data(), pos3.data(),
+      dc::attention(dc::Context<dc::cpu>{}, grouped.data(), q.data(), kc.data(), vc.data(), pos.data(),
                     len, query_pos.data(), n, gqa);
-      dc::attention(dc::Context<dc::cpu>{}, alone.data(), q.data(), k9.data(), v9.data(), pos9.data(),
+      dc::attention(dc::Context<dc::cpu>{}, alone.data(), q.data(), kh.data(), vh.data(), pos.data(),
                     len, query_pos.data(), n, mha);
       return 0;
     });
-    CHECK(std::memcmp(grouped.data(), alone.data(), grouped.size() * sizeof(float)) == 0);
-  }
+    return std::memcmp(grouped.data(), alone.data(), grouped.size() * sizeof(float)) == 0;
+  };
+  CHECK(check(9, 3, 2, 1));
+  CHECK(check(9, 3, 2, 2));
+  CHECK(check(4, 1, 1, 1));
+  CHECK(check(4, 1, 1, 2));
 }
 
 TEST_CASE("attention over several sequences in one call gives each the bits of its call alone") {
