@@ -8,6 +8,14 @@
 // training state is saved atomically (OUT/checkpoint.dcpolicy), which --resume continues bit
 // for bit. A CSV log of every update goes to OUT/train_log.csv.
 //
+// --tasks adds RULER-style task samples (rl/task_contexts.hpp) to the text windows, one task
+// context after each text window while they last: the query-aware prompt and the full-cache
+// model's own answer as the continuation, built with --task-seed (examples/eval's task prompts
+// use its --seed, 0 by default) and a haystack from the training corpus, so neither the samples
+// nor the essay text are the evaluation's. The first --task-validation samples of each task are
+// held out; validation then reports the text and the task KL, and keeps the policy with the
+// best mean of the two.
+//
 //   train --model SmolLM2-135M-Instruct.Q4_1.gguf --out runs/smollm2 --updates 120
 #include <CLI/CLI.hpp>
 
@@ -15,6 +23,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include <distillcache/distillcache.hpp>
 
@@ -43,6 +52,9 @@ int main(int argc, char** argv) {
               activation_arg = "silu", resume_path, dtype = "f32";
   std::string init_target = "alpha=2";
   int init_contexts = 4, init_steps = 300;
+  std::string compare_arg, tasks_arg, task_haystack, task_words = dc::tasks::WordList::kDefaultPath;
+  int task_samples = 8, task_validation = 1, task_length = 1024;
+  std::uint64_t task_seed = 1;
   int validation_contexts = 4, validate_every = 20, checkpoint_every = 10, stop_after = 0,
       max_train_contexts = 100000, window = 32, batch = 32;
   double recent_fraction = 0.0;
@@ -92,6 +104,17 @@ int main(int argc, char** argv) {
                  "(as H2O keeps half); the MLP chooses the rest")->check(finite_number(0.0, 0.99));
   app.add_option("--batch", batch, "students decoded as one batch (speed and memory only; each holds "
                  "a KV cache of --context + --continuation tokens)")->check(integer_in(1, 4096));
+  app.add_option("--compare", compare_arg, "before training, the validation KL of these policies too "
+                 "(e.g. h2o,snapkv,streaming,tova)");
+  app.add_option("--tasks", tasks_arg, "also train on these RULER-style tasks (query-aware prompts, the "
+                 "full-cache answer as continuation), e.g. niah_single_1,niah_multikey_1,vt");
+  app.add_option("--task-samples", task_samples, "--tasks: training samples per task")->check(integer_in(1, 1 << 16));
+  app.add_option("--task-validation", task_validation, "--tasks: held-out samples per task")->check(integer_in(0, 1 << 16));
+  app.add_option("--task-length", task_length, "--tasks: prompt + answer length in tokens")->check(integer_in(64, 1 << 20));
+  app.add_option("--task-seed", task_seed, "--tasks: seed of the samples (examples/eval uses --seed, 0 by default)")
+      ->check(unsigned_integer());
+  app.add_option("--task-haystack", task_haystack, "--tasks: essay haystack (default: the training corpus --text)");
+  app.add_option("--task-words", task_words, "--tasks: word list for keys and cwe");
   if (const auto status = parse_command_line(app, argc, argv, "train")) return *status;
 
   return run_reporting_errors("train", [&]() -> int {
@@ -147,6 +170,35 @@ int main(int argc, char** argv) {
     windows.erase(windows.begin(), windows.begin() + validation_contexts);
     std::fprintf(stderr, "train: %zu training and %zu validation windows of %d tokens from %s\n",
                  windows.size(), validation.size(), window_tokens, text_path.c_str());
+    // Every task prompt is built (and so every task name, length and input file checked) before
+    // the model runs; their answers come from the model inside run().
+    std::vector<dc::tasks::TaskPrompt> task_train_prompts, task_validation_prompts;
+    if (!tasks_arg.empty()) {
+      namespace t = dc::tasks;
+      if (task_haystack.empty()) task_haystack = text_path;
+      const t::ChatTemplate chat = t::ChatTemplate::from_choice("auto", file);
+      std::optional<t::WordList> words;
+      std::optional<t::EssayText> essay;
+      for (const auto& name : split_list(tasks_arg)) {
+        const t::TaskSpec& task = t::find_task(name);
+        if (!words && (task.kind == t::TaskKind::niah || task.kind == t::TaskKind::common_words))
+          words = t::WordList::from_file(task_words);
+        if (!essay && task.kind == t::TaskKind::niah && task.haystack == t::HaystackType::essay)
+          essay = t::EssayText::from_path(task_haystack);
+      }
+      DC_CHECK(task_length + opt.continuation <= m.config.max_position, "--task-length ", task_length,
+               " exceeds the model's context of ", m.config.max_position);
+      const t::TaskPromptBuilder builder(tokenizer, chat, {words ? &*words : nullptr, essay ? &*essay : nullptr},
+                                         task_seed);
+      for (const auto& name : split_list(tasks_arg)) {
+        const t::TaskSpec& task = t::find_task(name);
+        for (int s = 0; s < task_validation + task_samples; ++s)
+          (s < task_validation ? task_validation_prompts : task_train_prompts).push_back(builder.build(task, task_length, s));
+      }
+      std::fprintf(stderr, "train: %zu training and %zu validation task prompts of at most %d tokens (seed %llu)\n",
+                   task_train_prompts.size(), task_validation_prompts.size(), task_length,
+                   (unsigned long long)task_seed);
+    }
 
     auto run = [&]<class W>(dc::Weights<dc::cpu, W> weights) -> int {
       dc::Transformer<dc::cpu, W> model(m.config, std::move(weights), 64);
@@ -154,7 +206,25 @@ int main(int argc, char** argv) {
                                     : dc::MlpPolicy::initialised(inputs, hidden, opt.seed,
                                                                  dc::parse_activation(activation_arg), window);
       if (!resume) policy.set_recent_fraction(recent_fraction);
-      dc::ReinforceTrainer<dc::cpu, W> trainer(model, policy, opt, std::move(windows));
+      // The task contexts' continuations: the full-cache model's own answers.
+      const auto stop = dc::answer_stop_tokens(tokenizer);
+      auto answer_all = [&](const std::vector<dc::tasks::TaskPrompt>& prompts, const char* what) {
+        std::vector<dc::TrainingContext> out;
+        const auto from = std::chrono::steady_clock::now();
+        for (std::size_t i = 0; i < prompts.size(); ++i) {
+          out.push_back(dc::task_training_context(model, prompts[i], stop, opt.continuation));
+          const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - from).count();
+          std::fprintf(stderr, "\rtrain: %s task answers %zu/%zu, %.0f s, ETA %s   ", what, i + 1, prompts.size(),
+                       secs, format_seconds(secs / double(i + 1) * double(prompts.size() - i - 1)).c_str());
+        }
+        if (!prompts.empty()) std::fprintf(stderr, "\n");
+        return out;
+      };
+      const auto task_validation_contexts = answer_all(task_validation_prompts, "validation");
+      auto contexts = dc::interleave_contexts(dc::split_windows(windows, opt.context, opt.continuation),
+                                              answer_all(task_train_prompts, "training"));
+      const auto text_validation = dc::split_windows(validation, opt.context, opt.continuation);
+      dc::ReinforceTrainer<dc::cpu, W> trainer(model, policy, opt, std::move(contexts));
       trainer.set_max_batch(std::size_t(batch));
       double best = INFINITY;
       if (resume) {
@@ -167,6 +237,9 @@ int main(int argc, char** argv) {
         c.extra["model"] = fs::path(model_path).filename().string();
         c.extra["corpus"] = text_path;
         c.extra["training"] = opt.to_json();
+        if (!tasks_arg.empty())
+          c.extra["tasks"] = {{"tasks", tasks_arg}, {"samples", task_samples}, {"validation", task_validation},
+                              {"length", task_length}, {"seed", task_seed}, {"haystack", task_haystack}};
         if (with_state) c.trainer["best_validation_kl"] = best_kl;
         dc::save_policy_checkpoint(path, c);
       };
@@ -174,6 +247,29 @@ int main(int argc, char** argv) {
         double s = 0.0;
         for (double x : v) s += x;
         return s / double(v.size());
+      };
+      // The validation score: the text windows' mean KL over the budgets, averaged with the
+      // task samples' when there are any (the two weigh the same whatever their counts).
+      std::string validation_detail;
+      auto validate = [&](dc::EvictionPolicy& scored) {
+        const auto v = trainer.validate_policy(scored, text_validation);
+        double score = mean(v);
+        char buf[128];
+        validation_detail = "text";
+        for (std::size_t b = 0; b < v.size(); ++b) {
+          std::snprintf(buf, sizeof buf, " %g: %.4f", opt.budgets[b], v[b]);
+          validation_detail += buf;
+        }
+        if (!task_validation_contexts.empty()) {
+          const auto vt = trainer.validate_policy(scored, task_validation_contexts);
+          validation_detail += "; tasks";
+          for (std::size_t b = 0; b < vt.size(); ++b) {
+            std::snprintf(buf, sizeof buf, " %g: %.4f", opt.budgets[b], vt[b]);
+            validation_detail += buf;
+          }
+          score = 0.5 * (score + mean(vt));
+        }
+        return score;
       };
       auto log_line = [&](const std::string& line) {
         std::ofstream log(log_path, std::ios::app);
@@ -232,11 +328,13 @@ int main(int argc, char** argv) {
           log << "update,lr,reward,kl_sampled,entropy,grad_norm,seconds,tokens_per_s,validation_kl\n";
           DC_CHECK(log, "--out: cannot write '", log_path.string(), "'");
         }
-        const auto v = trainer.validate(validation);
-        best = mean(v);
-        std::fprintf(stderr, "train: untrained policy, validation KL %.4f (", best);
-        for (std::size_t b = 0; b < v.size(); ++b) std::fprintf(stderr, "%s%g: %.4f", b ? ", " : "", opt.budgets[b], v[b]);
-        std::fprintf(stderr, ")\n");
+        for (const auto& name : split_list(compare_arg)) {
+          const auto other = dc::make_policy(name, opt.seed, DC_SHIPPED_POLICY);
+          const double kl = validate(*other);
+          std::fprintf(stderr, "train: %s, validation KL %.4f (%s)\n", name.c_str(), kl, validation_detail.c_str());
+        }
+        best = validate(policy);
+        std::fprintf(stderr, "train: untrained policy, validation KL %.4f (%s)\n", best, validation_detail.c_str());
         log_line("0,,,,,,,," + std::to_string(best));
         save(best_path, best, false);
       }
@@ -249,15 +347,14 @@ int main(int argc, char** argv) {
         const double eta = elapsed / double(st.update - first) * double(last - st.update);
         std::string val;
         if (st.update % validate_every == 0 || st.update == last) {
-          const auto v = trainer.validate(validation);
-          const double kl = mean(v);
+          const double kl = validate(policy);
           val = std::to_string(kl);
           if (kl < best) {
             best = kl;
             save(best_path, best, false);
           }
-          std::fprintf(stderr, "\rupdate %5d/%d  validation KL %.4f (best %.4f)%30s\n", st.update,
-                       opt.updates, kl, best, "");
+          std::fprintf(stderr, "\rupdate %5d/%d  validation KL %.4f (best %.4f; %s)%10s\n", st.update,
+                       opt.updates, kl, best, validation_detail.c_str(), "");
         }
         std::fprintf(stderr, "\rupdate %5d/%d  lr %.2e  reward %.4f  KL %.4f  H %.3f  |g| %.3g  %.0f tok/s  ETA %s   ",
                      st.update, opt.updates, st.lr, st.reward, st.kl, st.entropy, st.grad_norm,

@@ -40,3 +40,4 @@
 #include "policy/policy_inputs.hpp"
 #include "policy/registry.hpp"
 #include "rl/trainer.hpp"
+#include "rl/task_contexts.hpp"

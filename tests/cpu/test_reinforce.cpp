@@ -219,7 +219,7 @@ TEST_CASE("trainer options: impossible settings are refused with the reason") {
                        doctest::Contains("must be in (0, 1)"), dc::Error);
   CHECK_THROWS_WITH_AS(Trainer(model, policy, with([](O& o) { o.context = 30; }), windows),
                        doctest::Contains("has 46 tokens, need 36"), dc::Error);
-  CHECK_THROWS_WITH_AS(Trainer(model, policy, tiny_options(), {}),
+  CHECK_THROWS_WITH_AS(Trainer(model, policy, tiny_options(), std::vector<std::vector<std::int32_t>>{}),
                        doctest::Contains("no training context"), dc::Error);
   CHECK_THROWS_WITH_AS(dc::TrainerOptions::from_json(nlohmann::json{{"context", 1}}),
                        doctest::Contains("trainer options"), dc::Error);
@@ -380,4 +380,86 @@ TEST_CASE("the future-attention warm start fits the groups' shares and leaves RE
   CHECK(w.final_loss <= w.initial_loss);
   const auto s = trainer.update();
   CHECK(std::isfinite(s.reward));
+}
+
+TEST_CASE("a task context's continuation is the full-cache model's greedy answer, ending at a stop token") {
+  dc::HfModel m = dc::load_hf_model(kFixtures + "/tiny_mistral");
+  dc::Transformer<dc::cpu> model(m.config, std::move(m.weights), 16);
+  const auto ids = random_windows(1, 37, 21)[0];
+  dc::tasks::TaskPrompt prompt;
+  prompt.task = "synthetic";
+  prompt.context.assign(ids.begin(), ids.begin() + 30);
+  prompt.question.assign(ids.begin() + 30, ids.end());
+
+  // No stop token: 6 tokens, each the argmax of one forward over the prompt and the answer so far
+  // (the oracle runs the whole sequence at once, in chunks, rather than token by token).
+  const dc::TrainingContext free = dc::task_training_context(model, prompt, {}, 6);
+  CHECK(free.prompt == prompt.full_prompt());
+  REQUIRE(free.continuation.size() == 6);
+  std::vector<std::int32_t> all = free.prompt;
+  all.insert(all.end(), free.continuation.begin(), free.continuation.end() - 1);
+  auto cache = model.make_cache(int(all.size()));
+  const auto logits = model.forward(all, cache, dc::LogitsFor::all);
+  const std::size_t vocab = std::size_t(m.config.vocab_size);
+  for (std::size_t t = 0; t < free.continuation.size(); ++t) {
+    const std::size_t row = free.prompt.size() - 1 + t;
+    CAPTURE(t);
+    CHECK(dc::argmax(std::span<const float>(logits.data() + row * vocab, vocab)) == free.continuation[t]);
+  }
+
+  // A stop token ends the answer and is kept; a one-token answer gets the teacher's next token,
+  // so every context has a step an eviction can change.
+  // The answer a stop token s gives: up to its first occurrence k, or 2 tokens if k = 0.
+  auto expected = [&](std::int32_t s) {
+    const auto k = std::size_t(std::find(free.continuation.begin(), free.continuation.end(), s) - free.continuation.begin());
+    return std::vector<std::int32_t>(free.continuation.begin(), free.continuation.begin() + std::ptrdiff_t(std::max<std::size_t>(2, k + 1)));
+  };
+  for (std::size_t i = 0; i < 4; ++i) {
+    const std::int32_t s = free.continuation[i];
+    CAPTURE(i);
+    const auto stopped = dc::task_training_context(model, prompt, std::vector<std::int32_t>{s}, 6);
+    CHECK(stopped.continuation == expected(s));
+  }
+  CHECK_THROWS_WITH_AS(dc::task_training_context(model, prompt, {}, 1), doctest::Contains("at least 2"), dc::Error);
+}
+
+TEST_CASE("the trainer takes contexts of different prompt and continuation lengths") {
+  dc::HfModel m = dc::load_hf_model(kFixtures + "/tiny_mistral");
+  dc::Transformer<dc::cpu> model(m.config, std::move(m.weights), 16);
+  const auto w = random_windows(4, 50, 31);
+  const std::vector<dc::TrainingContext> text = dc::split_windows({w[0], w[1]}, 40, 10);
+  CHECK(text[1].prompt == std::vector<std::int32_t>(w[1].begin(), w[1].begin() + 40));
+  CHECK(text[1].continuation == std::vector<std::int32_t>(w[1].begin() + 40, w[1].end()));
+  CHECK_THROWS_WITH_AS(dc::split_windows({w[0]}, 40, 4), doctest::Contains("has 50 tokens, need 44"), dc::Error);
+  const std::vector<dc::TrainingContext> tasks = {{{w[2].begin(), w[2].begin() + 25}, {w[2].begin() + 25, w[2].begin() + 28}},
+                                                  {{w[3].begin(), w[3].begin() + 47}, {w[3].begin() + 47, w[3].end()}}};
+  auto contexts = dc::interleave_contexts(text, tasks);
+  REQUIRE(contexts.size() == 4);
+  CHECK(contexts[1].prompt.size() == 25);  // text, task, text, task
+  CHECK(contexts[2].prompt == text[1].prompt);
+
+  auto opt = tiny_options();
+  opt.updates = 4;
+  auto policy = dc::MlpPolicy::initialised(dc::paper_policy_inputs(), {8}, 4);
+  dc::ReinforceTrainer<dc::cpu, float> trainer(model, policy, opt, contexts);
+  const auto warm = trainer.warm_start(4, std::vector<float>{2.0f, 0.0f, 0.0f, 0.0f, 4.0f}, 10, 1e-2f);
+  // 2 layers x 2 KV heads, every prompt row once per budget.
+  CHECK(warm.rows == std::int64_t(4 * (40 + 25 + 40 + 47) * opt.budgets.size()));
+  while (!trainer.done()) {
+    const auto s = trainer.update();
+    CHECK(std::isfinite(s.reward));
+    CHECK(s.kl >= 0.0);
+  }
+  const auto kl = trainer.validate(tasks);
+  REQUIRE(kl.size() == opt.budgets.size());
+  for (double x : kl) CHECK(std::isfinite(x));
+
+  using Trainer = dc::ReinforceTrainer<dc::cpu, float>;
+  CHECK_THROWS_WITH_AS(Trainer(model, policy, opt, std::vector<dc::TrainingContext>{{{1, 2, 3}, {4}}}),
+                       doctest::Contains("need a prompt and at least 2"), dc::Error);
+  CHECK_THROWS_WITH_AS(Trainer(model, policy, opt, std::vector<dc::TrainingContext>{{{}, {4, 5}}}),
+                       doctest::Contains("need a prompt and at least 2"), dc::Error);
+  const std::vector<std::int32_t> too_long(std::size_t(m.config.max_position), 5);
+  CHECK_THROWS_WITH_AS(Trainer(model, policy, opt, std::vector<dc::TrainingContext>{{too_long, {4, 5}}}),
+                       doctest::Contains("more than the model's context"), dc::Error);
 }

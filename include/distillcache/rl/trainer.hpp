@@ -120,6 +120,27 @@ struct TrainerOptions {
   }
 };
 
+// One training context: the prompt the policy compresses and the continuation teacher-forced
+// after it. Text windows split at TrainerOptions::context; a task sample's prompt has its own
+// length and its continuation is the full-cache model's own answer (rl/task_contexts.hpp).
+struct TrainingContext {
+  std::vector<std::int32_t> prompt, continuation;
+};
+
+// Windows of context + continuation tokens, each split into its prompt and its continuation.
+inline std::vector<TrainingContext> split_windows(const std::vector<std::vector<std::int32_t>>& windows,
+                                                  int context, int continuation) {
+  std::vector<TrainingContext> out;
+  out.reserve(windows.size());
+  for (std::size_t i = 0; i < windows.size(); ++i) {
+    DC_CHECK(int(windows[i].size()) == context + continuation, "trainer: context ", i, " has ",
+             windows[i].size(), " tokens, need ", context + continuation);
+    out.push_back({{windows[i].begin(), windows[i].begin() + context},
+                   {windows[i].begin() + context, windows[i].end()}});
+  }
+  return out;
+}
+
 struct UpdateStats {
   int update = 0;
   float lr = 0.0f;
@@ -134,16 +155,21 @@ struct UpdateStats {
 template <Backend B, class W>
 class ReinforceTrainer {
  public:
+  // Text windows of options.context + options.continuation tokens.
   ReinforceTrainer(Transformer<B, W>& model, MlpPolicy& policy, TrainerOptions options,
-                   std::vector<std::vector<std::int32_t>> windows)
-      : model_(model), policy_(policy), opt_(std::move(options)), windows_(std::move(windows)),
+                   const std::vector<std::vector<std::int32_t>>& windows)
+      : ReinforceTrainer(model, policy, options,
+                         split_windows(windows, options.context, options.continuation)) {}
+
+  // Contexts of any prompt and continuation lengths (a mix of text windows and task samples).
+  ReinforceTrainer(Transformer<B, W>& model, MlpPolicy& policy, TrainerOptions options,
+                   std::vector<TrainingContext> contexts)
+      : model_(model), policy_(policy), opt_(std::move(options)), contexts_(std::move(contexts)),
         m_(policy.params().size(), 0.0f), v_(policy.params().size(), 0.0f),
         grad_(policy.params().size(), 0.0f) {
     opt_.validate();
-    DC_CHECK(!windows_.empty(), "trainer: no training context");
-    for (std::size_t i = 0; i < windows_.size(); ++i)
-      DC_CHECK(int(windows_[i].size()) == opt_.context + opt_.continuation, "trainer: context ", i,
-               " has ", windows_[i].size(), " tokens, need ", opt_.context + opt_.continuation);
+    DC_CHECK(!contexts_.empty(), "trainer: no training context");
+    for (std::size_t i = 0; i < contexts_.size(); ++i) check_context(contexts_[i], "context " + std::to_string(i));
   }
 
   const TrainerOptions& options() const { return opt_; }
@@ -170,18 +196,16 @@ class ReinforceTrainer {
     std::int64_t rollouts = 0, entropy_terms = 0;
     for (int c = 0; c < opt_.contexts_per_update; ++c) {
       const std::size_t w = (std::size_t(u - 1) * std::size_t(opt_.contexts_per_update) + std::size_t(c)) %
-                            windows_.size();
-      const std::span<const std::int32_t> window(windows_[w]);
-      const auto prompt = window.first(std::size_t(opt_.context));
-      const auto continuation = window.subspan(std::size_t(opt_.context));
+                            contexts_.size();
+      const std::span<const std::int32_t> prompt(contexts_[w].prompt), continuation(contexts_[w].continuation);
       const auto teacher = prefill_and_teach(prompt, continuation);
-      st.tokens += opt_.context + opt_.continuation;
+      st.tokens += std::int64_t(prompt.size() + continuation.size());
       // Every rollout of every budget of this context, decoded as batches (rollouts()).
       const std::size_t per_budget = std::size_t(opt_.rollouts);
       std::vector<double> returns(opt_.budgets.size() * per_budget);
       std::vector<std::vector<SampledEviction>> records(returns.size());
-      rollouts_of_context(u, c, continuation, teacher, returns, records);
-      st.tokens += std::int64_t(returns.size()) * (opt_.continuation - 1);
+      rollouts_of_context(u, c, prompt.size(), continuation, teacher, returns, records);
+      st.tokens += std::int64_t(returns.size()) * std::int64_t(continuation.size() - 1);
       for (std::size_t b = 0; b < opt_.budgets.size(); ++b) {
         const std::span<double> budget_returns(returns.data() + b * per_budget, per_budget);
         for (double r : budget_returns) reward_sum += r;
@@ -240,11 +264,11 @@ class ReinforceTrainer {
                                 std::int64_t max_rows = 1 << 15) {
     const std::size_t k = policy_.inputs().size();
     std::vector<float> inputs, targets;
-    for_warm_start_contexts(contexts, [&](std::span<const std::int32_t>, const KVCache<B>&,
+    for_warm_start_contexts(contexts, [&](std::span<const std::int32_t>, const KVCache<B>& cache,
                                           const TokenFeatures& f) {
       // The rows once per training budget: budget_age differs between them, the rest does not.
       for (double fraction : opt_.budgets) {
-        const auto x = policy_inputs(f, policy_.inputs(), budget_of(fraction).resolve(opt_.context));
+        const auto x = policy_inputs(f, policy_.inputs(), budget_of(fraction).resolve(cache.length()));
         inputs.insert(inputs.end(), x.begin(), x.end());
         for (std::size_t r = 0; r < x.size() / k; ++r)
           targets.push_back(target_of(std::span<const float>(x.data() + r * k, k)));
@@ -273,7 +297,7 @@ class ReinforceTrainer {
       const auto shares = future_attention_shares(model_, cache, f, continuation);
       const std::size_t budgets = per_budget ? opt_.budgets.size() : 1;
       for (std::size_t b = 0; b < budgets; ++b) {
-        const auto x = policy_inputs(f, in, budget_of(opt_.budgets[b]).resolve(opt_.context));
+        const auto x = policy_inputs(f, in, budget_of(opt_.budgets[b]).resolve(cache.length()));
         for (const FeatureGroup& g : f.groups)
           groups.push_back({{x.begin() + std::ptrdiff_t(std::size_t(g.row_begin) * k),
                              x.begin() + std::ptrdiff_t(std::size_t(g.row_end) * k)},
@@ -297,15 +321,19 @@ class ReinforceTrainer {
   // Mean KL of the policy's deterministic keep-sets on held-out windows, per budget (same
   // granularity and mode as training), through the evaluator examples/eval uses.
   std::vector<double> validate(const std::vector<std::vector<std::int32_t>>& windows) {
+    return validate(split_windows(windows, opt_.context, opt_.continuation));
+  }
+  std::vector<double> validate(const std::vector<TrainingContext>& contexts) {
+    return validate_policy(policy_, contexts);
+  }
+  // The same for any policy, e.g. a heuristic to compare the learned one with.
+  std::vector<double> validate_policy(EvictionPolicy& policy, const std::vector<TrainingContext>& contexts) {
     std::vector<Budget> budgets;
     for (double f : opt_.budgets) budgets.push_back(budget_of(f));
-    FidelityEvaluator<B, W> eval(model_, {&policy_}, budgets, opt_.mode, {opt_.granularity});
-    for (const auto& w : windows) {
-      DC_CHECK(int(w.size()) == opt_.context + opt_.continuation, "trainer: validation context of ",
-               w.size(), " tokens, need ", opt_.context + opt_.continuation);
-      const std::span<const std::int32_t> s(w);
-      eval.add_context(s.first(std::size_t(opt_.context)), s.subspan(std::size_t(opt_.context)),
-                       [](std::size_t) {});
+    FidelityEvaluator<B, W> eval(model_, {&policy}, budgets, opt_.mode, {opt_.granularity});
+    for (std::size_t i = 0; i < contexts.size(); ++i) {
+      check_context(contexts[i], "validation context " + std::to_string(i));
+      eval.add_context(contexts[i].prompt, contexts[i].continuation, [](std::size_t) {});
     }
     std::vector<double> kl;
     for (std::size_t b = 0; b < budgets.size(); ++b) kl.push_back(eval.total(0, 0, b).kl_mean());
@@ -344,6 +372,15 @@ class ReinforceTrainer {
   }
 
  private:
+  void check_context(const TrainingContext& c, const std::string& what) const {
+    DC_CHECK(!c.prompt.empty() && c.continuation.size() >= 2, "trainer: ", what, " has a prompt of ",
+             c.prompt.size(), " and a continuation of ", c.continuation.size(),
+             " tokens; need a prompt and at least 2 (step 0 is the same for every student)");
+    DC_CHECK(std::int64_t(c.prompt.size() + c.continuation.size()) <= model_.config().max_position,
+             "trainer: ", what, " has ", c.prompt.size() + c.continuation.size(),
+             " tokens, more than the model's context of ", model_.config().max_position);
+  }
+
   Budget budget_of(double fraction) const {
     Budget b = Budget::of_fraction(fraction);
     b.chunk = opt_.chunk;
@@ -355,13 +392,14 @@ class ReinforceTrainer {
   template <class Visit>
   void for_warm_start_contexts(int contexts, Visit&& visit) {
     DC_CHECK(contexts >= 1, "warm start: ", contexts, " contexts");
-    for (int c = 0; c < contexts && std::size_t(c) < windows_.size(); ++c) {
-      const std::span<const std::int32_t> window(windows_[std::size_t(c)]);
-      auto cache = model_.make_cache(opt_.context);
-      cache.set_observed_from(policy_.observation_start(opt_.context));
-      model_.forward(window.first(std::size_t(opt_.context)), cache);
+    for (int c = 0; c < contexts && std::size_t(c) < contexts_.size(); ++c) {
+      const TrainingContext& context = contexts_[std::size_t(c)];
+      const int n = int(context.prompt.size());
+      auto cache = model_.make_cache(n);
+      cache.set_observed_from(policy_.observation_start(n));
+      model_.forward(context.prompt, cache);
       const TokenFeatures f = gather_features(model_.context(), cache, opt_.granularity);
-      visit(window.subspan(std::size_t(opt_.context)), cache, f);
+      visit(context.continuation, cache, f);
     }
   }
 
@@ -411,7 +449,7 @@ class ReinforceTrainer {
   // returns[b * K + k] (minus its mean KL over steps 1..T-1) and records[b * K + k] (its sampled
   // evictions). They decode as batches of at most max_batch (DecoderBatch); each has its own
   // Gumbel stream, so batching does not change any result (on the CPU, bit for bit).
-  void rollouts_of_context(int u, int c, std::span<const std::int32_t> continuation,
+  void rollouts_of_context(int u, int c, std::size_t prompt_tokens, std::span<const std::int32_t> continuation,
                            const Teacher& teacher, std::span<double> returns,
                            std::span<std::vector<SampledEviction>> records) {
     const int steps = int(continuation.size());
@@ -426,7 +464,7 @@ class ReinforceTrainer {
         const std::uint64_t stream =
             ((((std::uint64_t(u) * 4096 + std::uint64_t(c)) * 64 + b) * 1024 + std::uint64_t(k)) << 16);
         decoders.push_back(std::make_unique<EvictingDecoder<B, W>>(
-            model_, policy_, budget_of(opt_.budgets[b]), opt_.mode, opt_.context, steps,
+            model_, policy_, budget_of(opt_.budgets[b]), opt_.mode, int(prompt_tokens), steps,
             opt_.granularity));
         selectors.push_back(std::make_unique<GumbelSelector>(policy_, opt_.seed, stream, opt_.explore_groups));
         decoders.back()->set_selector(selectors.back().get());
@@ -450,7 +488,7 @@ class ReinforceTrainer {
   Transformer<B, W>& model_;
   MlpPolicy& policy_;
   TrainerOptions opt_;
-  std::vector<std::vector<std::int32_t>> windows_;
+  std::vector<TrainingContext> contexts_;
   std::vector<float> m_, v_, grad_;
   int step_ = 0;
   std::size_t max_batch_ = 32;
