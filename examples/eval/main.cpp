@@ -11,7 +11,8 @@
 // With --task, accuracy on RULER-style tasks instead (eval/task_suite.hpp): every sample's
 // prompt is prefilled once, compressed for each student, answered greedily and scored; one row
 // per (task, length, policy, granularity, budget) with its accuracy, the full cache's, and the
-// ratio, with 95 % Wilson intervals (markdown on stdout, --csv, --answers for every answer).
+// ratio, with 95 % Wilson intervals (markdown on stdout, --csv, --answers for every answer,
+// --task-prompts for every prompt's token ids, expected answers, output budget and stop tokens).
 //
 //   eval --model SmolLM2-135M-Instruct.Q4_1.gguf --task niah_single_1,vt --lengths 1024,2048
 //        --samples 5 --policy full,h2o,snapkv,streaming --budget 0.25 --mode prefill
@@ -47,7 +48,8 @@ int run_tasks(dc::Transformer<dc::cpu, W>& model, const dc::Tokenizer& tokenizer
               const std::vector<dc::Budget>& budgets, const std::vector<double>& fractions,
               const std::vector<dc::Granularity>& granularities, dc::EvictionMode mode, dc::TaskProtocol protocol,
               const std::string& chat_choice, const std::string& words_path, const std::string& haystack_path,
-              std::uint64_t seed, int batch, const std::string& csv_path, const std::string& answers_path) {
+              std::uint64_t seed, int batch, const std::string& csv_path, const std::string& answers_path,
+              const std::string& prompts_path) {
   using namespace dc_examples;
   namespace t = dc::tasks;
   std::vector<const t::TaskSpec*> tasks;
@@ -75,7 +77,36 @@ int run_tasks(dc::Transformer<dc::cpu, W>& model, const dc::Tokenizer& tokenizer
   std::fprintf(stderr, "%zu prompts built in %.1f s (chat template: %s)\n", prompts.size(),
                std::chrono::duration<double>(std::chrono::steady_clock::now() - built_from).count(), chat.name());
   if (!csv_path.empty()) check_writable(csv_path, "--csv");
-  if (!answers_path.empty()) check_writable(answers_path, "--answers");
+  auto quoted = [](const std::string& s) {  // a CSV field: quotes doubled, line breaks kept
+    std::string q = "\"";
+    for (const char c : s) q += c == '"' ? std::string("\"\"") : std::string(1, c);
+    return q + "\"";
+  };
+  if (!prompts_path.empty()) {  // what a peer needs to answer the same prompts (bench/peers/kvpress_tasks.py)
+    std::ofstream out(prompts_path);
+    DC_CHECK(out, "--task-prompts: cannot write '", prompts_path, "'");
+    out << "task,length,sample,scoring,max_new_tokens,stop_ids,context_tokens,answers,prompt_ids\n";
+    std::string stop;
+    for (const std::int32_t id : dc::answer_stop_tokens(tokenizer))
+      stop += (stop.empty() ? "" : " ") + std::to_string(id);
+    for (const auto& p : prompts) {
+      std::string answers;  // '|'-separated
+      for (const auto& a : p.answers) {
+        DC_CHECK(a.find('|') == std::string::npos, "--task-prompts: answer '", a, "' of ", p.task, " contains '|'");
+        answers += (answers.empty() ? "" : "|") + a;
+      }
+      out << p.task << ',' << p.length << ',' << p.sample << ',' << t::scoring_name(p.scoring) << ','
+          << p.max_new_tokens << ',' << stop << ',' << p.context.size() << ',' << quoted(answers) << ',';
+      const char* sep = "";
+      for (const std::int32_t id : p.full_prompt()) {
+        out << sep << id;
+        sep = " ";
+      }
+      out << '\n';
+    }
+    out.close();
+    DC_CHECK(out, "--task-prompts: writing '", prompts_path, "' failed");
+  }
 
   dc::TaskSuite<dc::cpu, W> suite(model, tokenizer, policies, budgets, mode, granularities, protocol);
   suite.set_max_batch(std::size_t(batch));
@@ -88,11 +119,6 @@ int run_tasks(dc::Transformer<dc::cpu, W>& model, const dc::Tokenizer& tokenizer
     DC_CHECK(answers, "--answers: cannot write '", answers_path, "'");
     answers << "task,length,sample,policy,granularity,budget,score,expected,output\n";
   }
-  auto quoted = [](const std::string& s) {  // a CSV field: quotes doubled, line breaks kept
-    std::string q = "\"";
-    for (const char c : s) q += c == '"' ? std::string("\"\"") : std::string(1, c);
-    return q + "\"";
-  };
   dc::TaskScores scores;
   const auto start = std::chrono::steady_clock::now();
   const std::size_t per_sample = suite.students();
@@ -184,7 +210,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember(kKvDtypes));
   std::string tasks_arg, lengths_arg = "1024", protocol_arg = "query-agnostic", chat_arg = "auto",
               words_path = dc::tasks::WordList::kDefaultPath, haystack_path = dc::tasks::kDefaultEssayPath,
-              answers_path;
+              answers_path, prompts_path;
   int samples = 10;
   app.add_option("--task", tasks_arg, "RULER-style tasks instead of --text, comma-separated: niah_single_1..3, "
                  "niah_multikey_1..3, niah_multivalue, niah_multiquery, vt, cwe, fwe");
@@ -198,6 +224,8 @@ int main(int argc, char** argv) {
   app.add_option("--words", words_path, "--task: word list for keys and cwe (one word a line)");
   app.add_option("--haystack", haystack_path, "--task: essay haystack text, a file or folder");
   app.add_option("--answers", answers_path, "--task: write every sample's answers as CSV here");
+  app.add_option("--task-prompts", prompts_path, "--task: write every prompt as CSV here (token ids, expected "
+                 "answers, output budget, stop tokens), before the first model call");
   if (const auto status = parse_command_line(app, argc, argv, "eval")) return *status;
   if (tasks_arg.empty() && text_path.empty()) {  // as CLI11 says it for a required option
     print_error("eval", "--text is required (see --help)");
@@ -241,6 +269,10 @@ int main(int argc, char** argv) {
     // existing file nor leaves a new one behind.
     if (!csv_path.empty()) check_writable(csv_path, "--csv");
     if (!keep_sets_path.empty()) check_writable(keep_sets_path, "--keep-sets");
+    DC_CHECK(!tasks_arg.empty() || (answers_path.empty() && prompts_path.empty()),
+             "--answers and --task-prompts write task answers and prompts: they need --task");
+    if (!answers_path.empty()) check_writable(answers_path, "--answers");
+    if (!prompts_path.empty()) check_writable(prompts_path, "--task-prompts");
 
     std::error_code ec;
     DC_CHECK(!std::filesystem::is_directory(model_path, ec), "--model: '", model_path,
@@ -268,7 +300,7 @@ int main(int argc, char** argv) {
         model.set_kv_type(kv_dtype(kv_dtype_arg));
         return run_tasks(model, tokenizer, file, task_names, lengths, samples, policy_names, policies, budgets,
                          fractions, granularities, mode, dc::parse_protocol(protocol_arg), chat_arg, words_path,
-                         haystack_path, seed, batch, csv_path, answers_path);
+                         haystack_path, seed, batch, csv_path, answers_path, prompts_path);
       };
       return with_cpu_weights(dtype, model_path, m, run);
     }

@@ -14,7 +14,7 @@
 // use its --seed, 0 by default) and a haystack from the training corpus, so neither the samples
 // nor the essay text are the evaluation's. The first --task-validation samples of each task are
 // held out; validation then reports the text and the task KL, and keeps the policy with the
-// best mean of the two.
+// best mean of the two. --task-solved-only drops the prompts whose full-cache answer is wrong.
 //
 //   train --model SmolLM2-135M-Instruct.Q4_1.gguf --out runs/smollm2 --updates 120
 #include <CLI/CLI.hpp>
@@ -54,6 +54,7 @@ int main(int argc, char** argv) {
   int init_contexts = 4, init_steps = 300;
   std::string compare_arg, tasks_arg, task_haystack, task_words = dc::tasks::WordList::kDefaultPath;
   int task_samples = 8, task_validation = 1, task_length = 1024;
+  bool task_solved_only = false;
   std::uint64_t task_seed = 1;
   int validation_contexts = 4, validate_every = 20, checkpoint_every = 10, stop_after = 0,
       max_train_contexts = 100000, window = 32, batch = 32;
@@ -115,10 +116,13 @@ int main(int argc, char** argv) {
       ->check(unsigned_integer());
   app.add_option("--task-haystack", task_haystack, "--tasks: essay haystack (default: the training corpus --text)");
   app.add_option("--task-words", task_words, "--tasks: word list for keys and cwe");
+  app.add_flag("--task-solved-only", task_solved_only, "--tasks: keep only the prompts whose full-cache answer "
+               "scores 1 (within --continuation tokens), training and validation alike");
   if (const auto status = parse_command_line(app, argc, argv, "train")) return *status;
 
   return run_reporting_errors("train", [&]() -> int {
     namespace fs = std::filesystem;
+    DC_CHECK(!task_solved_only || !tasks_arg.empty(), "--task-solved-only filters task prompts: it needs --tasks");
     opt.granularity = dc::parse_granularity(granularity_arg);
     opt.mode = mode_arg == "prefill" ? dc::EvictionMode::prefill : dc::EvictionMode::decode;
     opt.budgets.clear();
@@ -212,17 +216,26 @@ int main(int argc, char** argv) {
         std::vector<dc::TrainingContext> out;
         const auto from = std::chrono::steady_clock::now();
         for (std::size_t i = 0; i < prompts.size(); ++i) {
-          out.push_back(dc::task_training_context(model, prompts[i], stop, opt.continuation));
+          auto context = dc::task_training_context(model, prompts[i], stop, opt.continuation);
+          if (!task_solved_only || dc::teacher_answer_score(tokenizer, prompts[i], context, stop) >= 1.0)
+            out.push_back(std::move(context));
           const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - from).count();
           std::fprintf(stderr, "\rtrain: %s task answers %zu/%zu, %.0f s, ETA %s   ", what, i + 1, prompts.size(),
                        secs, format_seconds(secs / double(i + 1) * double(prompts.size() - i - 1)).c_str());
         }
         if (!prompts.empty()) std::fprintf(stderr, "\n");
+        if (task_solved_only && !prompts.empty())
+          std::fprintf(stderr, "train: --task-solved-only keeps %zu of %zu %s task prompts\n", out.size(),
+                       prompts.size(), what);
         return out;
       };
       const auto task_validation_contexts = answer_all(task_validation_prompts, "validation");
+      auto task_contexts = answer_all(task_train_prompts, "training");
+      DC_CHECK(task_train_prompts.empty() || !task_contexts.empty(), "--task-solved-only: the full-cache model "
+               "answers none of the ", task_train_prompts.size(), " training task prompts right within ",
+               opt.continuation, " tokens (--continuation)");
       auto contexts = dc::interleave_contexts(dc::split_windows(windows, opt.context, opt.continuation),
-                                              answer_all(task_train_prompts, "training"));
+                                              std::move(task_contexts));
       const auto text_validation = dc::split_windows(validation, opt.context, opt.continuation);
       dc::ReinforceTrainer<dc::cpu, W> trainer(model, policy, opt, std::move(contexts));
       trainer.set_max_batch(std::size_t(batch));
@@ -239,7 +252,8 @@ int main(int argc, char** argv) {
         c.extra["training"] = opt.to_json();
         if (!tasks_arg.empty())
           c.extra["tasks"] = {{"tasks", tasks_arg}, {"samples", task_samples}, {"validation", task_validation},
-                              {"length", task_length}, {"seed", task_seed}, {"haystack", task_haystack}};
+                              {"length", task_length}, {"seed", task_seed}, {"haystack", task_haystack},
+                              {"solved_only", task_solved_only}};
         if (with_state) c.trainer["best_validation_kl"] = best_kl;
         dc::save_policy_checkpoint(path, c);
       };

@@ -13,6 +13,7 @@
 
 #include <distillcache/distillcache.hpp>
 
+#include "../support/byte_tokenizer.hpp"
 #include "../support/temp_dir.hpp"
 
 namespace {
@@ -421,6 +422,26 @@ TEST_CASE("a task context's continuation is the full-cache model's greedy answer
     CHECK(stopped.continuation == expected(s));
   }
   CHECK_THROWS_WITH_AS(dc::task_training_context(model, prompt, {}, 1), doctest::Contains("at least 2"), dc::Error);
+}
+
+TEST_CASE("the teacher's answer in a task context is scored as the task suite scores it") {
+  const dc::Tokenizer tok = dc_test::byte_tokenizer();  // one token per byte
+  dc::tasks::TaskPrompt prompt;
+  prompt.answers = {"4829173"};
+  dc::TrainingContext c;
+  const std::string said = " 4829173.#and more";  // '#' plays the stop token below
+  c.continuation.assign(said.begin(), said.end());
+  const std::vector<std::int32_t> hash{'#'}, digit{'1'}, none;
+  CHECK(dc::teacher_answer_score(tok, prompt, c, hash) == 1.0);
+  CHECK(dc::teacher_answer_score(tok, prompt, c, none) == 1.0);
+  CHECK(dc::teacher_answer_score(tok, prompt, c, digit) == 0.0);  // cut before the first '1': " 4829"
+  prompt.answers = {"4829173", "AND MORE"};  // match_all: the fraction found, case-insensitive
+  CHECK(dc::teacher_answer_score(tok, prompt, c, hash) == 0.5);
+  CHECK(dc::teacher_answer_score(tok, prompt, c, none) == 1.0);
+  prompt.scoring = dc::tasks::Scoring::match_part;
+  CHECK(dc::teacher_answer_score(tok, prompt, c, hash) == 1.0);
+  prompt.answers = {"7777777"};
+  CHECK(dc::teacher_answer_score(tok, prompt, c, none) == 0.0);
 }
 
 TEST_CASE("the trainer takes contexts of different prompt and continuation lengths") {

@@ -281,6 +281,9 @@ bad "--lengths past the model's"          eval 1 "context of 256"        -- "${K
 bad "--protocol bogus"                    eval 2 "--protocol"            -- "${K[@]}" --protocol both
 bad "--chat-template bogus"               eval 2 "--chat-template"       -- "${K[@]}" --chat-template jinja
 bad "--task, model without chat template" eval 1 "chat_template"         -- "${K[@]}" --lengths 200
+bad "--task-prompts in a missing folder"  eval 1 "--task-prompts"        -- "${K[@]}" --task-prompts /nonexistent/p.csv
+bad "--answers in a missing folder"       eval 1 "--answers"             -- "${K[@]}" --answers /nonexistent/a.csv
+bad "--answers without --task"            eval 1 "need --task"           -- "${E[@]}" --answers a.csv
 if needs_model "eval --task: SmolLM2 cases"; then
   bad "--lengths too short for the task (SmolLM2)" eval 1 "too short for task" -- --model "$model" --task niah_single_1 --lengths 200
   bad "--words missing (SmolLM2)"         eval 1 "cannot be read"        -- --model "$model" --task niah_single_1 --words none.txt
@@ -301,6 +304,7 @@ if [ -n "$train_bin" ]; then
   bad "train: --resume corrupt file"      train 1 "bad.dcpolicy"         -- "${T[@]}" --resume bad.dcpolicy
   bad "train: --text too short"           train 1 "windows"              -- "${T[@]}" --text empty_txt --context 16 --continuation 4 --warmup 0
   bad "train: --lr NaN"                   train 2 "--lr"                 -- "${T[@]}" --lr nan
+  bad "train: --task-solved-only alone"   train 1 "needs --tasks"        -- "${T[@]}" --task-solved-only
 else
   skipped+=("train cases (DC_TRAIN_BIN unset)")
 fi

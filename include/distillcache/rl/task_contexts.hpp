@@ -13,8 +13,10 @@
 #include <algorithm>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
+#include "../eval/tasks/scoring.hpp"
 #include "../eval/tasks/task_prompt.hpp"
 #include "../model/sampling.hpp"
 #include "../model/transformer.hpp"
@@ -52,6 +54,19 @@ TrainingContext task_training_context(Transformer<B, W>& model, const tasks::Tas
       model.forward(std::span<const std::int32_t>(&c.continuation.back(), 1), cache, std::span<float>(logits));
   }
   return c;
+}
+
+// The task suite's score of the teacher's answer in a task context (eval/task_suite.hpp scores
+// an answer the same way: the ids before the first stop token, decoded, RULER's match). The
+// trainer can then keep only the prompts the full cache answers right (examples/train
+// --task-solved-only): there the KL towards the teacher also pulls towards the expected answer,
+// while on a prompt the teacher gets wrong it rewards keeping whatever misled the teacher.
+inline double teacher_answer_score(const Tokenizer& tokenizer, const tasks::TaskPrompt& prompt,
+                                   const TrainingContext& context, std::span<const std::int32_t> stop_tokens) {
+  const auto& answer = context.continuation;
+  const auto end = std::find_first_of(answer.begin(), answer.end(), stop_tokens.begin(), stop_tokens.end());
+  const std::string text = tokenizer.decode(std::span<const std::int32_t>(answer.data(), std::size_t(end - answer.begin())));
+  return tasks::score_output(text, prompt.answers, prompt.scoring);
 }
 
 // Interleaves two lists of contexts one by one (a, b, a, b, ...), the longer one's rest at the
