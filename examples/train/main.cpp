@@ -82,7 +82,7 @@ int main(int argc, char** argv) {
                  "their greedy top-B (0 = sample every group)")->check(integer_in(0, 1 << 20));
   app.add_option("--seed", opt.seed, "seed of the initialisation and the sampling")->check(unsigned_integer());
   app.add_option("--hidden", hidden_arg, "hidden layer sizes, e.g. 32,32");
-  app.add_option("--inputs", inputs_arg, "policy inputs: alpha,value_norm,head_variance,entropy,position[,last_alpha]");
+  app.add_option("--inputs", inputs_arg, "policy inputs, in order (alpha, value_norm, head_variance, entropy, position, last_alpha, budget_age, log_age, depth, layer_last_alpha)");
   app.add_option("--activation", activation_arg, "silu, tanh or relu")->check(CLI::IsMember({"silu", "tanh", "relu"}));
   app.add_option("--window", window, "prompt queries observed at prefill (0 = all)")->check(integer_in(0, 1 << 20));
   app.add_option("--validation-contexts", validation_contexts, "held-out windows (the first ones)")->check(integer_in(1, 4096));
@@ -93,6 +93,8 @@ int main(int argc, char** argv) {
   app.add_option("--init-target", init_target, "warm start: fit the scores to this combination of the "
                  "inputs before REINFORCE, e.g. alpha=2,position=8; the term h2o adds H2O's heavy-hitter score "
                  "(needs alpha and position) and, with the input budget_age, H2O's recent half of the budget; "
+                 "a term max:INPUT=OFFSET raises the sum to at least INPUT + OFFSET (e.g. h2o,max:layer_last_alpha=0 "
+                 "ranks by H2O except where the layer's newest query attends more); "
                  "'future': each token's share of the attention the full-cache model's continuation pays it; "
                  "'none': no warm start)");
   app.add_option("--init-contexts", init_contexts, "warm start: training windows whose features it fits")
@@ -139,6 +141,9 @@ int main(int argc, char** argv) {
     }
     std::vector<dc::PolicyInput> inputs;
     for (const auto& s : split_list(inputs_arg)) inputs.push_back(dc::parse_policy_input(s));
+    // A warm-start target that names an unknown input or no number fails here, before any work.
+    if (resume_path.empty() && init_target != "future" && init_target != "none")
+      (void)dc::WarmStartTarget(init_target, inputs);
 
     std::optional<dc::PolicyCheckpoint> resume;
     if (!resume_path.empty()) {
@@ -295,43 +300,9 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "train: warm start (future attention of %d contexts) on %lld rows: cross-entropy %.4f -> %.4f\n",
                      init_contexts, (long long)w.rows, w.initial_loss, w.final_loss);
       } else if (trainer.step() == 0 && init_target != "none" && init_steps > 0) {
-        std::vector<float> coefficients(policy.inputs().size(), 0.0f);
-        // "h2o": H2O's heavy-hitter score in the policy's inputs (math::h2o_score_from_inputs).
-        bool h2o = false;
-        auto input_index = [&](dc::PolicyInput input, const std::string& why) {
-          const auto at = std::find(policy.inputs().begin(), policy.inputs().end(), input);
-          DC_CHECK(at != policy.inputs().end(), "--init-target: ", why, " needs the input '",
-                   dc::policy_input_name(input), "' in --inputs");
-          return std::size_t(at - policy.inputs().begin());
-        };
-        for (const auto& term : split_list(init_target)) {
-          if (term == "h2o") {
-            h2o = true;
-            continue;
-          }
-          const auto eq = term.find('=');
-          DC_CHECK(eq != std::string::npos, "--init-target: '", term, "' is not INPUT=COEFFICIENT");
-          const auto input = dc::parse_policy_input(term.substr(0, eq));
-          const auto at = std::find(policy.inputs().begin(), policy.inputs().end(), input);
-          DC_CHECK(at != policy.inputs().end(), "--init-target: '", term.substr(0, eq),
-                   "' is not one of the policy's --inputs");
-          const auto v = detail::to_number(term.substr(eq + 1));
-          DC_CHECK(v.has_value() && std::isfinite(*v), "--init-target: '", term, "' has no number");
-          coefficients[std::size_t(at - policy.inputs().begin())] = float(*v);
-        }
-        const std::size_t alpha_at = h2o ? input_index(dc::PolicyInput::alpha, "h2o") : 0,
-                          position_at = h2o ? input_index(dc::PolicyInput::position, "h2o") : 0;
-        // With budget_age among the inputs, "h2o" also means H2O's recent window (the newest half
-        // of the budget kept): a bonus that outranks every heavy-hitter score.
-        const auto age_at = std::find(policy.inputs().begin(), policy.inputs().end(), dc::PolicyInput::budget_age);
-        const bool h2o_recent = h2o && age_at != policy.inputs().end();
-        const std::size_t budget_age_at = std::size_t(age_at - policy.inputs().begin());
+        const dc::WarmStartTarget target(init_target, policy.inputs());
         const auto w = trainer.warm_start_to(init_contexts, [&](std::span<const float> row) {
-          float t = 0.0f;
-          for (std::size_t j = 0; j < row.size(); ++j) t += coefficients[j] * row[j];
-          if (h2o) t += dc::math::h2o_score_from_inputs(row[alpha_at], row[position_at]);
-          if (h2o_recent && dc::math::h2o_recent_from_input(row[budget_age_at])) t += dc::math::kH2ORecentBonus;
-          return t;
+          return target(row);
         }, init_steps, 1e-2f);
         std::fprintf(stderr, "train: warm start (%s) on %lld rows: MSE %.4f -> %.4f\n", init_target.c_str(),
                      (long long)w.rows, w.initial_loss, w.final_loss);

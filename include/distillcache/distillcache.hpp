@@ -41,3 +41,4 @@
 #include "policy/registry.hpp"
 #include "rl/trainer.hpp"
 #include "rl/task_contexts.hpp"
+#include "rl/warm_start_target.hpp"

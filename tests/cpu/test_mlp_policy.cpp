@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -12,6 +13,7 @@
 #include <distillcache/policy/mlp_policy.hpp>
 #include <distillcache/policy/policy_inputs.hpp>
 #include <distillcache/rl/reinforce.hpp>
+#include <distillcache/rl/warm_start_target.hpp>
 
 #include "../support/random.hpp"
 #include "../support/threads.hpp"
@@ -81,6 +83,26 @@ TEST_CASE("mlp_forward equals a double-precision reference for every activation"
     const auto want = reference_scores(L, std::vector<double>(p.begin(), p.end()), x, n);
     for (int r = 0; r < n; ++r) CHECK(scores[std::size_t(r)] == doctest::Approx(want[std::size_t(r)]).epsilon(1e-5));
   }
+}
+
+TEST_CASE("the MLP's register-blocked units give the plain loop's bits") {
+  // Every layer shape the policies use (5-10 inputs, hidden 8/16/32, odd counts for the
+  // remainder blocks, the single output unit), on one tile of random activations.
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> u(-2.0f, 2.0f);
+  constexpr int T = dc::cpu_detail::kMlpTile;
+  for (const int in : {1, 5, 6, 7, 10, 32})
+    for (const int out : {1, 3, 5, 8, 16, 32}) {
+      std::vector<float> W(std::size_t(out) * std::size_t(in)), b(std::size_t(out), 0.0f), a(std::size_t(in) * T);
+      for (auto* v : {&W, &b, &a})
+        for (float& x : *v) x = u(rng);
+      std::vector<float> fast(std::size_t(out) * T), plain(std::size_t(out) * T);
+      dc::cpu_detail::mlp_tile_units(W.data(), b.data(), in, out, a.data(), fast.data());
+      dc::cpu_detail::mlp_tile_units_portable(W.data(), b.data(), in, out, a.data(), plain.data());
+      CAPTURE(in);
+      CAPTURE(out);
+      CHECK(std::memcmp(fast.data(), plain.data(), fast.size() * sizeof(float)) == 0);
+    }
 }
 
 TEST_CASE("mlp_backward matches central finite differences of the double reference") {
@@ -253,6 +275,108 @@ TEST_CASE("depth: the group's layer as a fraction of the model, the same at ever
   CHECK(dc::math::input_depth(0, 30, 30) == 0.5f);  // a shared set covers every layer
   CHECK(dc::math::input_depth(0, 1, 1) == 0.5f);
   CHECK(dc::parse_policy_input("depth") == dc::PolicyInput::depth);
+}
+
+TEST_CASE("layer_last_alpha: the newest query's mass averaged over a layer's KV heads, matched by position") {
+  // Head granularity, 2 layers x 3 KV heads; the heads of a layer hold different positions (per-
+  // head keep-sets): head h of layer l keeps the positions p < 10 with p % 3 != h, and its newest-
+  // query mass at p is (l + 1) * (p + 1) * (h + 1) / 1000.
+  dc::TokenFeatures f;
+  f.granularity = dc::Granularity::head;
+  f.latest_position = 9;
+  auto mass = [](int l, int h, int p) { return float((l + 1) * (p + 1) * (h + 1)) / 1000.0f; };
+  for (int l = 0; l < 2; ++l)
+    for (int h = 0; h < 3; ++h) {
+      const int begin = f.size;
+      for (int p = 0; p < 10; ++p) {
+        if (p % 3 == h) continue;
+        const float row[dc::kNumFeatures] = {0.1f, 1.0f, 0.0f, 0.5f, float(p) / 9.0f};
+        f.x.insert(f.x.end(), row, row + dc::kNumFeatures);
+        f.group.push_back(f.num_groups());
+        f.slot.push_back(f.size - begin);
+        f.position.push_back(p);
+        f.accumulated_mass.push_back(1.0f);
+        f.last_query_mass.push_back(mass(l, h, p));
+        f.key_norm.push_back(1.0f);
+        f.expected_attention.push_back(0.0f);
+        ++f.size;
+      }
+      f.groups.push_back({l, l + 1, h, h + 1, begin, f.size});
+    }
+  f.validate();
+  const auto layer_mean = dc::layer_last_query_mass(f);
+  const std::vector<dc::PolicyInput> in = {dc::PolicyInput::last_alpha, dc::PolicyInput::layer_last_alpha};
+  const auto x = dc::policy_inputs(f, in, 4);
+  for (int r = 0; r < f.size; ++r) {
+    const dc::FeatureGroup& g = f.groups[std::size_t(f.group[std::size_t(r)])];
+    const int p = f.position[std::size_t(r)];
+    double expected = 0.0;  // the two heads that hold p, the third counts 0
+    for (int h = 0; h < 3; ++h)
+      if (p % 3 != h) expected += mass(g.layer_begin, h, p);
+    expected /= 3.0;
+    CAPTURE(r);
+    CHECK(layer_mean[std::size_t(r)] == doctest::Approx(expected).epsilon(1e-6));
+    CHECK(x[std::size_t(r) * 2 + 1] == doctest::Approx(std::log(expected * g.rows() + dc::math::kPolicyInputEps)).epsilon(1e-5));
+    CHECK(x[std::size_t(r) * 2] == doctest::Approx(std::log(double(f.last_query_mass[std::size_t(r)]) * g.rows() + dc::math::kPolicyInputEps)).epsilon(1e-5));
+  }
+  // A group that covers its whole layer (layer granularity) reads its own last_alpha.
+  dc::TokenFeatures one;
+  one.granularity = dc::Granularity::layer;
+  one.latest_position = 4;
+  one.size = 5;
+  one.groups.push_back({0, 1, 0, 3, 0, 5});
+  for (int p = 0; p < 5; ++p) {
+    one.x.insert(one.x.end(), dc::kNumFeatures, 0.5f);
+    one.group.push_back(0);
+    one.slot.push_back(p);
+    one.position.push_back(p);
+    one.accumulated_mass.push_back(1.0f);
+    one.last_query_mass.push_back(0.1f * float(p + 1));
+    one.key_norm.push_back(1.0f);
+    one.expected_attention.push_back(0.0f);
+  }
+  const auto same = dc::layer_last_query_mass(one);
+  for (int p = 0; p < 5; ++p) CHECK(same[std::size_t(p)] == doctest::Approx(0.1 * (p + 1)).epsilon(1e-6));
+  // A position past the newest is named, not read out of bounds.
+  one.position[2] = 9;
+  CHECK_THROWS_WITH_AS(dc::layer_last_query_mass(one), doctest::Contains("row 2 has position 9 outside [0, 4]"), dc::Error);
+  CHECK(dc::parse_policy_input("layer_last_alpha") == dc::PolicyInput::layer_last_alpha);
+}
+
+TEST_CASE("warm start targets: sums of inputs, H2O's score, and max: floors") {
+  using dc::PolicyInput;
+  const std::vector<PolicyInput> in = {PolicyInput::alpha, PolicyInput::position, PolicyInput::layer_last_alpha};
+  const std::vector<float> row = {1.5f, 0.75f, 3.0f};
+  const float h2o = dc::math::h2o_score_from_inputs(1.5f, 0.75f);  // 1.5 + log(0.25)
+  CHECK(dc::WarmStartTarget("alpha=2,layer_last_alpha=-1", in)(row) == doctest::Approx(0.0f));
+  CHECK(dc::WarmStartTarget("h2o", in)(row) == doctest::Approx(1.5 + std::log(0.25)));
+  CHECK(dc::WarmStartTarget("h2o,layer_last_alpha=4", in)(row) == doctest::Approx(h2o + 12.0f));
+  // max: the H2O score unless the input plus the offset is larger.
+  CHECK(dc::WarmStartTarget("h2o,max:layer_last_alpha=2", in)(row) == doctest::Approx(5.0f));
+  CHECK(dc::WarmStartTarget("h2o,max:layer_last_alpha=-3", in)(row) == doctest::Approx(h2o));
+  CHECK(dc::WarmStartTarget(",h2o,,max:alpha=0", in)(row) == doctest::Approx(1.5f));  // empty terms skipped
+  // With budget_age among the inputs, h2o also keeps the newest half of the budget first.
+  const std::vector<PolicyInput> aged = {PolicyInput::alpha, PolicyInput::position, PolicyInput::budget_age};
+  CHECK(dc::WarmStartTarget("h2o", aged)(std::vector<float>{1.5f, 0.75f, -1.0f}) ==
+        doctest::Approx(h2o + dc::math::kH2ORecentBonus));
+  CHECK(dc::WarmStartTarget("h2o", aged)(std::vector<float>{1.5f, 0.75f, -0.5f}) == doctest::Approx(h2o));
+  // Bad specifications, each named.
+  auto fails = [&](const char* spec, const char* message) {
+    CAPTURE(spec);
+    CHECK_THROWS_WITH_AS(dc::WarmStartTarget(spec, in), doctest::Contains(message), dc::Error);
+  };
+  fails("alpha", "'alpha' is not INPUT=COEFFICIENT");
+  fails("max:alpha", "'alpha' is not max:INPUT=OFFSET");
+  fails("colour=1", "unknown policy input 'colour'");
+  fails("entropy=1", "needs the input 'entropy'");
+  fails("alpha=x", "'alpha=x' has no finite number");
+  fails("alpha=", "'alpha=' has no finite number");
+  fails("alpha=inf", "'alpha=inf' has no finite number");
+  fails("max:position=1e999", "has no finite number");
+  CHECK_THROWS_WITH_AS(dc::WarmStartTarget("h2o", std::vector<PolicyInput>{PolicyInput::alpha}),
+                       doctest::Contains("h2o needs the input 'position'"), dc::Error);
+  CHECK_THROWS_WITH_AS(dc::WarmStartTarget("alpha=1", in)(std::vector<float>{1.0f}),
+                       doctest::Contains("a row of 1 inputs for a target of 3"), dc::Error);
 }
 
 TEST_CASE("MlpPolicy scores rows with its MLP and rejects an inconsistent construction") {

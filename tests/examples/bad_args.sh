@@ -300,6 +300,8 @@ if [ -n "$train_bin" ]; then
   bad "train: --hidden 0"                 train 1 "--hidden"             -- "${T[@]}" --hidden 32,0
   bad "train: --inputs unknown"           train 1 "unknown policy input" -- "${T[@]}" --inputs alpha,colour
   bad "train: --warmup past --updates"    train 1 "warm-up"              -- "${T[@]}" --updates 5 --warmup 10
+  bad "train: --init-target unknown input" train 1 "unknown policy input 'colour'" -- "${T[@]}" --init-target h2o,max:colour=1
+  bad "train: --init-target no number"    train 1 "no finite number"     -- "${T[@]}" --init-target alpha=x
   bad "train: --resume missing file"      train 1 "none.dcpolicy"        -- "${T[@]}" --resume none.dcpolicy
   bad "train: --resume corrupt file"      train 1 "bad.dcpolicy"         -- "${T[@]}" --resume bad.dcpolicy
   bad "train: --text too short"           train 1 "windows"              -- "${T[@]}" --text empty_txt --context 16 --continuation 4 --warmup 0

@@ -24,83 +24,16 @@ namespace dc {
 
 namespace cpu_detail {
 
-// 32 rows: four 8-float vectors per unit, four independent FMA chains to hide their latency.
+// 32 rows: two 16-float or four 8-float vectors per unit.
 inline constexpr int kMlpTile = 32;
 inline constexpr std::int64_t kMlpChunkRows = 1024;  // rows per gradient partial sum
 
 // z[o, r] = b[o] + sum_i W[o, i] a[i, r] for the out units of a layer over one tile (a: [in, T],
 // z: [out, T]), in the order of i for every (o, r).
-#if defined(__GNUC__) && !defined(__CUDACC__) && defined(__AVX__)
-// Register-blocked with GCC/clang vector types: two units at a time, each tile row-block in four
-// 8-float vectors, so 8 independent FMA chains live in registers. Written as arrays, the
-// compiler kept one unit's 32 accumulators on the stack (perf annotate: every FMA read and wrote
-// memory) and the MLP ran at a tenth of the FMA peak. Same operations per (o, r) as the plain
-// loop below, so the same bits. Only where AVX is enabled: without it, functions that pass
-// 8-float vectors change the ABI (-Wpsabi), and the plain loop is what such a build can run.
-using MlpVector = float __attribute__((vector_size(32)));
-inline MlpVector load_mlp_vector(const float* p) {
-  MlpVector v;
-  __builtin_memcpy(&v, p, sizeof v);
-  return v;
-}
-inline void store_mlp_vector(float* p, MlpVector v) { __builtin_memcpy(p, &v, sizeof v); }
-inline MlpVector splat_mlp_vector(float x) { return MlpVector{x, x, x, x, x, x, x, x}; }
-
-inline void mlp_tile_units(const float* DC_RESTRICT W, const float* DC_RESTRICT b, int in, int out,
-                           const float* DC_RESTRICT a, float* DC_RESTRICT z) {
-  static_assert(kMlpTile == 32, "four 8-float vectors per tile row-block");
-  constexpr int T = kMlpTile;
-  int u = 0;
-  for (; u + 1 < out; u += 2) {
-    MlpVector c00 = splat_mlp_vector(b[u]), c01 = c00, c02 = c00, c03 = c00;
-    MlpVector c10 = splat_mlp_vector(b[u + 1]), c11 = c10, c12 = c10, c13 = c10;
-    const float* w0 = W + std::int64_t(u) * in;
-    const float* w1 = w0 + in;
-    for (int i = 0; i < in; ++i) {
-      const float* ai = a + i * T;
-      const MlpVector a0 = load_mlp_vector(ai), a1 = load_mlp_vector(ai + 8),
-                      a2 = load_mlp_vector(ai + 16), a3 = load_mlp_vector(ai + 24);
-      const float w0i = w0[i], w1i = w1[i];
-      c00 += w0i * a0;
-      c01 += w0i * a1;
-      c02 += w0i * a2;
-      c03 += w0i * a3;
-      c10 += w1i * a0;
-      c11 += w1i * a1;
-      c12 += w1i * a2;
-      c13 += w1i * a3;
-    }
-    float* z0 = z + u * T;
-    float* z1 = z0 + T;
-    store_mlp_vector(z0, c00);
-    store_mlp_vector(z0 + 8, c01);
-    store_mlp_vector(z0 + 16, c02);
-    store_mlp_vector(z0 + 24, c03);
-    store_mlp_vector(z1, c10);
-    store_mlp_vector(z1 + 8, c11);
-    store_mlp_vector(z1 + 16, c12);
-    store_mlp_vector(z1 + 24, c13);
-  }
-  for (; u < out; ++u) {  // an odd last unit (the output layer's single one)
-    MlpVector c0 = splat_mlp_vector(b[u]), c1 = c0, c2 = c0, c3 = c0;
-    const float* w = W + std::int64_t(u) * in;
-    for (int i = 0; i < in; ++i) {
-      const float* ai = a + i * T;
-      const float wi = w[i];
-      c0 += wi * load_mlp_vector(ai);
-      c1 += wi * load_mlp_vector(ai + 8);
-      c2 += wi * load_mlp_vector(ai + 16);
-      c3 += wi * load_mlp_vector(ai + 24);
-    }
-    store_mlp_vector(z + u * T, c0);
-    store_mlp_vector(z + u * T + 8, c1);
-    store_mlp_vector(z + u * T + 16, c2);
-    store_mlp_vector(z + u * T + 24, c3);
-  }
-}
-#else
-inline void mlp_tile_units(const float* DC_RESTRICT W, const float* DC_RESTRICT b, int in, int out,
-                           const float* DC_RESTRICT a, float* DC_RESTRICT z) {
+// The plain loop: what builds without AVX run, and the reference the vector path is tested
+// against bit for bit (tests/cpu/test_mlp_policy.cpp).
+inline void mlp_tile_units_portable(const float* DC_RESTRICT W, const float* DC_RESTRICT b, int in,
+                                    int out, const float* DC_RESTRICT a, float* DC_RESTRICT z) {
   constexpr int T = kMlpTile;
   for (int o = 0; o < out; ++o) {
     float acc[T];
@@ -112,6 +45,64 @@ inline void mlp_tile_units(const float* DC_RESTRICT W, const float* DC_RESTRICT 
     }
     for (int r = 0; r < T; ++r) z[o * T + r] = acc[r];
   }
+}
+
+#if defined(__GNUC__) && !defined(__CUDACC__) && defined(__AVX__)
+// Register-blocked with GCC/clang vector types: a block of units at a time, each tile row-block
+// in T / lanes vectors, so 8 independent FMA chains live in registers. Written with loops over
+// plain arrays of floats, the compiler kept one unit's 32 accumulators on the stack (perf
+// annotate: every FMA read and wrote memory) and the MLP ran at a tenth of the FMA peak. Same
+// operations per (o, r) as the plain loop above, so the same bits at any vector width. Only
+// where AVX is enabled: without it, functions that pass vectors change the ABI (-Wpsabi), and
+// the plain loop is what such a build can run. With AVX-512 the vectors are 16 floats (two per
+// tile row-block, four units a block): twice the multiply-adds per instruction of 8-float ones.
+#if defined(__AVX512F__)
+inline constexpr int kMlpLanes = 16;
+#else
+inline constexpr int kMlpLanes = 8;
+#endif
+using MlpVector = float __attribute__((vector_size(kMlpLanes * sizeof(float))));
+inline MlpVector load_mlp_vector(const float* p) {
+  MlpVector v;
+  __builtin_memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void store_mlp_vector(float* p, MlpVector v) { __builtin_memcpy(p, &v, sizeof v); }
+inline MlpVector splat_mlp_vector(float x) { return MlpVector{} + x; }
+
+// z rows [u, u + Units) of one tile: Units x (T / lanes) accumulators, fully unrolled.
+template <int Units>
+inline void mlp_tile_unit_block(const float* DC_RESTRICT W, const float* DC_RESTRICT b, int in, int u,
+                                const float* DC_RESTRICT a, float* DC_RESTRICT z) {
+  constexpr int T = kMlpTile, K = kMlpTile / kMlpLanes;
+  static_assert(T % kMlpLanes == 0, "a tile row-block is whole vectors");
+  MlpVector c[Units][K];
+  for (int j = 0; j < Units; ++j)
+    for (int k = 0; k < K; ++k) c[j][k] = splat_mlp_vector(b[u + j]);
+  const float* w = W + std::int64_t(u) * in;
+  for (int i = 0; i < in; ++i) {
+    MlpVector ai[K];
+    for (int k = 0; k < K; ++k) ai[k] = load_mlp_vector(a + i * T + k * kMlpLanes);
+    for (int j = 0; j < Units; ++j) {
+      const float wji = w[std::int64_t(j) * in + i];
+      for (int k = 0; k < K; ++k) c[j][k] += wji * ai[k];
+    }
+  }
+  for (int j = 0; j < Units; ++j)
+    for (int k = 0; k < K; ++k) store_mlp_vector(z + (u + j) * T + k * kMlpLanes, c[j][k]);
+}
+
+inline void mlp_tile_units(const float* DC_RESTRICT W, const float* DC_RESTRICT b, int in, int out,
+                           const float* DC_RESTRICT a, float* DC_RESTRICT z) {
+  constexpr int Units = 8 / (kMlpTile / kMlpLanes);  // 8 accumulator chains per block
+  int u = 0;
+  for (; u + Units <= out; u += Units) mlp_tile_unit_block<Units>(W, b, in, u, a, z);
+  for (; u < out; ++u) mlp_tile_unit_block<1>(W, b, in, u, a, z);  // the output layer's single unit
+}
+#else
+inline void mlp_tile_units(const float* DC_RESTRICT W, const float* DC_RESTRICT b, int in, int out,
+                           const float* DC_RESTRICT a, float* DC_RESTRICT z) {
+  mlp_tile_units_portable(W, b, in, out, a, z);
 }
 #endif
 

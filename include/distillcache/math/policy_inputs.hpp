@@ -15,6 +15,9 @@
 //   budget_age     log((age + 1) / B)          the token's age (latest - position) in budgets B
 //   log_age        log(age + 1)                the token's age in tokens
 //   depth          layer / (layers - 1)        the group's layer, 0 (first) to 1 (last)
+//   layer_last_alpha log(last_layer * n + eps) the newest query's mass, mean over every KV head
+//                                              of the row's layer (0 where a head evicted the
+//                                              token): TOVA's per-layer signal on each head's rows
 // n is the number of rows in the group. budget_age is scale-free in the budget rather than the
 // group: H2O's recent window (the newest B/2 tokens) is budget_age < log(1/2) at every context
 // length and budget, which position (relative to the context) cannot express. log_age is the one
