@@ -8,6 +8,7 @@
 //   build/bench/bench_eviction --benchmark_out=bench/results/eviction_cpu.json --benchmark_out_format=json
 #include <benchmark/benchmark.h>
 
+#include <utility>
 #include <vector>
 
 #include <distillcache/distillcache.hpp>
@@ -21,16 +22,30 @@ void decode_with_statistics(benchmark::State& state) {
   dc_bench::run_decode(state, dc_bench::smollm2_model(1), int(state.range(1)));
 }
 
-// The learned policy's default shape (5 inputs, two hidden layers of 32), randomly initialised:
-// its cost does not depend on the weights.
-dc::MlpPolicy& learned_policy() {
-  static dc::MlpPolicy p = dc::MlpPolicy::initialised(dc::paper_policy_inputs(), {32, 32}, 1);
-  return p;
+// The learned policy with the shipped policy's six inputs (the paper's five and last_alpha) and
+// the newest half of the budget kept, randomly initialised (its cost does not depend on the
+// weights), in three shapes. Arg `shape`: 1 two hidden layers of 32, SiLU (policy v2's shape),
+// 2 hidden layers of 16 and 8, ReLU (v3's, shipped), 3 one of 16, ReLU.
+dc::MlpPolicy& learned_policy(long shape) {
+  auto make = [](std::vector<int> hidden, dc::Activation activation) {
+    auto inputs = dc::paper_policy_inputs();
+    inputs.push_back(dc::PolicyInput::last_alpha);
+    auto p = dc::MlpPolicy::initialised(inputs, std::move(hidden), 1, activation);
+    p.set_recent_fraction(0.5);
+    return p;
+  };
+  static dc::MlpPolicy v2 = make({32, 32}, dc::Activation::silu), v3 = make({16, 8}, dc::Activation::relu),
+                       one = make({16}, dc::Activation::relu);
+  return shape == 1 ? v2 : shape == 2 ? v3 : one;
+}
+
+dc::EvictionPolicy& chosen_policy(long arg, dc::H2OPolicy& h2o) {
+  return arg ? static_cast<dc::EvictionPolicy&>(learned_policy(arg)) : h2o;
 }
 
 // One eviction of a context down to 25 %: features, scores, top-B, compaction. Arg 1: the
 // granularity (0 shared, 1 layer, 2 head: one keep-set per (layer, KV head)); arg 2: the policy
-// (0 H2O, 1 the learned MLP policy).
+// (0 H2O, 1-3 the learned MLP policy in the shapes of learned_policy).
 void evict_once(benchmark::State& state) {
   const int context = int(state.range(0)), budget = context / 4;
   const auto granularity = dc::Granularity(state.range(1));
@@ -39,7 +54,7 @@ void evict_once(benchmark::State& state) {
   dc_bench::fill_cache(full, context);
   auto cache = model.make_cache(context);
   dc::H2OPolicy h2o;
-  dc::EvictionPolicy& policy = state.range(2) ? static_cast<dc::EvictionPolicy&>(learned_policy()) : h2o;
+  dc::EvictionPolicy& policy = chosen_policy(long(state.range(2)), h2o);
   std::vector<float> scores;
   for (auto _ : state) {
     state.PauseTiming();
@@ -58,7 +73,8 @@ void evict_once(benchmark::State& state) {
 // The eviction a decoder runs every 16 tokens at a 25 % budget: a cache of B + 16 slots back to
 // B, at head granularity with H2O (features, scores, top-B, compaction), B = 2048 (25 % of 8k)
 // and 512 (of 2k). Divided by 16 it is the per-token cost to set against a decode step at the
-// same length (decode_with_statistics). Arg 0: B.
+// same length (decode_with_statistics). Arg 0: B; arg 1: the policy (0 H2O, 1-3 the learned
+// MLP's shapes, whose recent window then covers half the rows).
 void evict_decode_chunk(benchmark::State& state) {
   const int budget = int(state.range(0)), chunk = 16, context = budget + chunk;
   auto& model = dc_bench::smollm2_model(1);
@@ -66,6 +82,7 @@ void evict_decode_chunk(benchmark::State& state) {
   dc_bench::fill_cache(full, context);
   auto cache = model.make_cache(context);
   dc::H2OPolicy h2o;
+  dc::EvictionPolicy& policy = chosen_policy(long(state.range(1)), h2o);
   std::vector<float> scores;
   for (auto _ : state) {
     state.PauseTiming();
@@ -74,7 +91,7 @@ void evict_decode_chunk(benchmark::State& state) {
     const dc::TokenFeatures f = dc::gather_features(model.context(), cache, dc::Granularity::head);
     f.validate();  // as the decoder does before a policy sees them
     scores.assign(std::size_t(f.size), 0.0f);
-    h2o.score(f, budget, scores);
+    policy.score(f, budget, scores);
     dc::compact_groups(model.context(), cache, f, dc::select_keep_groups(scores, f, budget));
   }
   state.counters["per_token_us"] = benchmark::Counter(double(state.iterations()) * chunk,
@@ -82,7 +99,7 @@ void evict_decode_chunk(benchmark::State& state) {
 }
 
 // Scoring alone (the policy's share of an eviction) on the features of a filled cache at head
-// granularity. Arg 0: context; arg 1: policy (0 H2O, 1 the learned MLP).
+// granularity. Arg 0: context; arg 1: policy (0 H2O, 1-3 the learned MLP's shapes).
 void score_only(benchmark::State& state) {
   const int context = int(state.range(0));
   auto& model = dc_bench::smollm2_model(1);
@@ -90,7 +107,7 @@ void score_only(benchmark::State& state) {
   dc_bench::fill_cache(cache, context);
   const dc::TokenFeatures f = dc::gather_features(model.context(), cache, dc::Granularity::head);
   dc::H2OPolicy h2o;
-  dc::EvictionPolicy& policy = state.range(1) ? static_cast<dc::EvictionPolicy&>(learned_policy()) : h2o;
+  dc::EvictionPolicy& policy = chosen_policy(long(state.range(1)), h2o);
   std::vector<float> scores(std::size_t(f.size));
   for (auto _ : state) {
     policy.score(f, context / 4, scores);
@@ -132,9 +149,11 @@ BENCHMARK(decode_with_statistics)
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(evict_once)
     ->ArgsProduct({{1024, 2048, 4096, 8191}, {0, 1, 2}, {0, 1}})
+    ->Args({8191, 2, 2})
+    ->Args({8191, 2, 3})
     ->Unit(benchmark::kMicrosecond);
-BENCHMARK(evict_decode_chunk)->Arg(512)->Arg(2048)->Unit(benchmark::kMicrosecond);
-BENCHMARK(score_only)->ArgsProduct({{1024, 8191}, {0, 1}})->Unit(benchmark::kMicrosecond);
+BENCHMARK(evict_decode_chunk)->ArgsProduct({{512, 2048}, {0, 1, 2, 3}})->Unit(benchmark::kMicrosecond);
+BENCHMARK(score_only)->ArgsProduct({{1024, 8191}, {0, 1, 2, 3}})->Unit(benchmark::kMicrosecond);
 BENCHMARK(decode_budget_vs_full)
     ->Args({0, 0})
     ->Args({1, 0})

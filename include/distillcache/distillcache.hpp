@@ -37,6 +37,7 @@
 #include "eval/task_suite.hpp"
 #include "io/policy_checkpoint.hpp"
 #include "policy/mlp_policy.hpp"
+#include "policy/mlp_scoring.hpp"
 #include "policy/policy_inputs.hpp"
 #include "policy/registry.hpp"
 #include "rl/trainer.hpp"

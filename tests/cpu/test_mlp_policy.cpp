@@ -393,6 +393,77 @@ TEST_CASE("MlpPolicy scores rows with its MLP and rejects an inconsistent constr
   CHECK_THROWS_WITH_AS(dc::parse_policy_input("alpha2"), doctest::Contains("unknown policy input 'alpha2'"), dc::Error);
 }
 
+TEST_CASE("inference scores (inputs built into tiles) give the trainer's inputs-then-MLP bits") {
+  // Head granularity, 2 layers x 3 KV heads, groups of 1, 31, 32, 33, 100 and 5000 rows (short
+  // tiles, whole tiles, one tile past), each holding its own positions of [0, 6000); random
+  // features; every input; a one-hidden-layer and a two-hidden-layer MLP, silu and relu.
+  dc::TokenFeatures f;
+  f.granularity = dc::Granularity::head;
+  f.latest_position = 5999;
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> unit(0.0f, 1.0f);
+  const int sizes[] = {1, 31, 32, 33, 100, 5000};
+  for (int g = 0; g < 6; ++g) {
+    std::vector<int> positions(6000);
+    for (int p = 0; p < 6000; ++p) positions[std::size_t(p)] = p;
+    std::shuffle(positions.begin(), positions.end(), rng);
+    positions.resize(std::size_t(sizes[g]));
+    std::sort(positions.begin(), positions.end());
+    const int begin = f.size;
+    for (int p : positions) {
+      const float row[dc::kNumFeatures] = {unit(rng) * 0.01f, 0.5f + unit(rng), unit(rng) * 1e-4f,
+                                           unit(rng) * 5.0f, float(p) / 5999.0f};
+      f.x.insert(f.x.end(), row, row + dc::kNumFeatures);
+      f.group.push_back(g);
+      f.slot.push_back(f.size - begin);
+      f.position.push_back(p);
+      f.accumulated_mass.push_back(1.0f);
+      f.last_query_mass.push_back(unit(rng) < 0.1f ? 0.0f : unit(rng) * 0.01f);
+      f.key_norm.push_back(1.0f);
+      f.expected_attention.push_back(0.0f);
+      ++f.size;
+    }
+    f.groups.push_back({g / 3, g / 3 + 1, g % 3, g % 3 + 1, begin, f.size});
+  }
+  f.validate();
+  std::vector<dc::PolicyInput> all;
+  for (int i = 0; i < dc::kNumPolicyInputs; ++i) all.push_back(dc::PolicyInput(i));
+  for (const auto& hidden : {std::vector<int>{16}, std::vector<int>{32, 32}})
+    for (dc::Activation act : {dc::Activation::silu, dc::Activation::relu}) {
+      const dc::MlpLayout L(int(all.size()), hidden, act);
+      const auto p = random_params(L, 21);
+      const auto x = dc::policy_inputs(f, all, 700);
+      std::vector<float> expected(std::size_t(f.size)), got(std::size_t(f.size), NAN);
+      dc::mlp_forward(kCpu, L, p.data(), x.data(), f.size, expected.data(), nullptr);
+      dc::mlp_policy_scores(f, all, 700, L, p.data(), got);
+      CAPTURE(hidden.size());
+      CHECK(std::memcmp(expected.data(), got.data(), expected.size() * sizeof(float)) == 0);
+      // A recent window: its rows +inf (whole tiles of them skip the MLP), the others unchanged.
+      for (int recent : {1, 350, 6000}) {
+        CAPTURE(recent);
+        std::vector<float> windowed = expected;
+        int in_window = 0;
+        for (int r = 0; r < f.size; ++r)
+          if (f.position[std::size_t(r)] > f.latest_position - recent) windowed[std::size_t(r)] = INFINITY, ++in_window;
+        CHECK(in_window > 0);
+        std::fill(got.begin(), got.end(), NAN);
+        dc::mlp_policy_scores(f, all, 700, L, p.data(), got, recent);
+        CHECK(std::memcmp(windowed.data(), got.data(), windowed.size() * sizeof(float)) == 0);
+      }
+    }
+  // The policy's own scores are these, with its recent window (the newest half of the budget).
+  auto policy = dc::MlpPolicy::initialised(all, {16}, 3);
+  policy.set_recent_fraction(0.5);
+  std::vector<float> scores(std::size_t(f.size)), direct(std::size_t(f.size));
+  policy.score(f, 700, scores);
+  dc::mlp_policy_scores(f, all, 700, policy.layout(), policy.params().data(), direct, 350);
+  CHECK(std::memcmp(scores.data(), direct.data(), scores.size() * sizeof(float)) == 0);
+  CHECK(std::count(scores.begin(), scores.end(), INFINITY) > 0);
+  CHECK_THROWS_WITH_AS(dc::mlp_policy_scores(f, dc::paper_policy_inputs(), 700, policy.layout(),
+                                             policy.params().data(), direct),
+                       doctest::Contains("the MLP takes 10 inputs, 5 asked for"), dc::Error);
+}
+
 TEST_CASE("leave-one-out advantages") {
   const std::vector<double> g = {-1.0, -2.0, -3.0};
   const auto a = dc::leave_one_out_advantages(g);

@@ -26,7 +26,8 @@ TEST_CASE("cuda mlp_forward and mlp_backward equal the CPU's") {
   };
   const Case cases[] = {{5, {32, 32}, dc::Activation::silu, 4099},
                         {6, {16}, dc::Activation::tanh, 77},
-                        {5, {64, 8, 8}, dc::Activation::relu, 1000}};
+                        {5, {64, 8, 8}, dc::Activation::relu, 1000},
+                        {6, {16, 8}, dc::Activation::relu, 2053}};  // policy v3's shape
   for (const Case& c : cases) {
     const dc::MlpLayout L(c.inputs, c.hidden, c.act);
     CAPTURE(dc::activation_name(c.act));

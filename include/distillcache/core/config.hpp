@@ -13,6 +13,17 @@
 #define DC_COMPILING_CUDA 0
 #endif
 
+// DC_HD and always inlined on the host: for the helpers a CPU loop calls per element, which must
+// be inlined for the loop to vectorise (GCC kept math::log_poly an out-of-line call in a loop
+// with ten call sites, and the policy's inputs ran a call per element).
+#if defined(__CUDACC__)
+#define DC_HD_INLINE DC_HD
+#elif defined(__GNUC__)
+#define DC_HD_INLINE inline __attribute__((always_inline))
+#else
+#define DC_HD_INLINE inline
+#endif
+
 // Placed before a DC_HD function template that calls a functor: the functor is host-only when
 // the CPU backend instantiates it and device-only in a kernel, and nvcc must accept both.
 #if defined(__CUDACC__)

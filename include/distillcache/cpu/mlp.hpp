@@ -106,16 +106,15 @@ inline void mlp_tile_units(const float* DC_RESTRICT W, const float* DC_RESTRICT 
 }
 #endif
 
-// One tile's forward: a [widest, tile] holds layer inputs, z the pre-activations.
-// Writes z of every hidden layer to saved (row-major per row) when it is not null, and the
-// output to scores.
-inline void mlp_tile_forward(const MlpLayout& L, const float* DC_RESTRICT params,
-                             const float* DC_RESTRICT x, std::int64_t row0, int rows,
-                             float* DC_RESTRICT scores, float* DC_RESTRICT saved, float* a, float* z) {
+// One tile's forward from its inputs already in a ([inputs, tile], rows beyond `rows` zero); a
+// [widest, tile] holds each layer's inputs in turn, z the pre-activations. Writes z of every
+// hidden layer to saved (row-major per row) when it is not null, and the output to
+// scores[row0, row0 + rows). What the policy's inference calls after building the inputs
+// straight into a (policy/mlp_scoring.hpp).
+inline void mlp_tile_layers(const MlpLayout& L, const float* DC_RESTRICT params, std::int64_t row0,
+                            int rows, float* DC_RESTRICT scores, float* DC_RESTRICT saved, float* a,
+                            float* z) {
   constexpr int T = kMlpTile;
-  for (int i = 0; i < L.inputs; ++i)
-    for (int r = 0; r < T; ++r)
-      a[i * T + r] = r < rows ? x[(row0 + r) * L.inputs + i] : 0.0f;
   std::int64_t saved_offset = 0;
   const std::int64_t saved_row = L.saved_per_row();
   for (int l = 0; l < L.layers(); ++l) {
@@ -133,6 +132,17 @@ inline void mlp_tile_forward(const MlpLayout& L, const float* DC_RESTRICT params
     saved_offset += out;
     math::activate_all(L.activation, z, a, out * T);
   }
+}
+
+// One tile's forward from rows [row0, row0 + rows) of x ([n, inputs] row-major).
+inline void mlp_tile_forward(const MlpLayout& L, const float* DC_RESTRICT params,
+                             const float* DC_RESTRICT x, std::int64_t row0, int rows,
+                             float* DC_RESTRICT scores, float* DC_RESTRICT saved, float* a, float* z) {
+  constexpr int T = kMlpTile;
+  for (int i = 0; i < L.inputs; ++i)
+    for (int r = 0; r < T; ++r)
+      a[i * T + r] = r < rows ? x[(row0 + r) * L.inputs + i] : 0.0f;
+  mlp_tile_layers(L, params, row0, rows, scores, saved, a, z);
 }
 
 }  // namespace cpu_detail

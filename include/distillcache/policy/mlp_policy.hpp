@@ -26,6 +26,7 @@
 #include "../io/policy_checkpoint.hpp"
 #include "../math/layer_budgets.hpp"
 #include "policy.hpp"
+#include "mlp_scoring.hpp"
 #include "policy_inputs.hpp"
 
 namespace dc {
@@ -142,11 +143,8 @@ class MlpPolicy final : public EvictionPolicy {
 
  protected:
   void score_slots(const TokenFeatures& f, int budget, std::span<float> scores) override {
-    forward(f, budget, inputs_scratch_, scores);
-    const int recent = recent_tokens(budget);
-    if (recent > 0)
-      for (int i = 0; i < f.size; ++i)
-        if (f.position[std::size_t(i)] > f.latest_position - recent) scores[std::size_t(i)] = INFINITY;
+    // forward's bits, the recent window +inf (not scored at all where a tile is all recent)
+    mlp_policy_scores(f, inputs_, budget, layout_, params_.data(), scores, recent_tokens(budget));
   }
 
  private:
@@ -157,7 +155,6 @@ class MlpPolicy final : public EvictionPolicy {
   double recent_fraction_ = 0.0;
   std::vector<double> layer_weights_;
   std::string name_;
-  std::vector<float> inputs_scratch_;
 };
 
 }  // namespace dc

@@ -3,6 +3,7 @@
 // (math/policy_inputs.hpp has the formulas and why they are scale-free).
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -11,7 +12,12 @@
 #include <vector>
 
 #include "../cache/features.hpp"
+#include "../core/config.hpp"
 #include "../math/policy_inputs.hpp"
+
+#if defined(__AVX__) && !defined(__CUDACC__)
+#include <immintrin.h>
+#endif
 
 namespace dc {
 
@@ -92,61 +98,165 @@ inline std::vector<float> layer_last_query_mass(const TokenFeatures& f) {
   return out;
 }
 
-// [f.size, inputs.size()] row-major: the inputs of every row, in the order asked for; budget is
-// the number of rows each group keeps (only budget_age reads it).
-inline std::vector<float> policy_inputs(const TokenFeatures& f, std::span<const PolicyInput> inputs,
-                                        int budget) {
+// What the inputs of one group's rows are taken relative to (math/policy_inputs.hpp): its row
+// count, its mean value norm, log(row count) for the entropy, its depth.
+struct PolicyInputScale {
+  int rows = 0;
+  float mean_value_norm = 0.0f;
+  float entropy_scale = 0.0f;
+  float depth = 0.0f;
+};
+
+inline PolicyInputScale policy_input_scale(const TokenFeatures& f, int group, int layers) {
+  const FeatureGroup& g = f.groups[std::size_t(group)];
+  PolicyInputScale s;
+  s.rows = g.rows();
+  // Eight running sums (rows r = 8k + lane), added up at the end: one chain of dependent double
+  // additions over the group's rows took longer than all the policy's logarithms.
+  constexpr int kLanes = 8;
+  double lane_sum[kLanes] = {};
+  const float* norms = f.x.data() + std::size_t(Feature::value_norm);
+  int r = g.row_begin;
+  for (; r + kLanes <= g.row_end; r += kLanes)
+    for (int k = 0; k < kLanes; ++k) lane_sum[k] += norms[std::size_t(r + k) * kNumFeatures];
+  for (; r < g.row_end; ++r) lane_sum[0] += norms[std::size_t(r) * kNumFeatures];
+  double norm_sum = 0.0;
+  for (double v : lane_sum) norm_sum += v;
+  s.mean_value_norm = s.rows > 0 ? float(norm_sum / s.rows) : 0.0f;
+  s.entropy_scale = math::input_entropy_scale(s.rows);
+  s.depth = math::input_depth(g.layer_begin, g.layer_end, layers);
+  return s;
+}
+
+// The layers the groups of f span (depth's scale).
+inline int policy_input_layers(const TokenFeatures& f) {
+  int layers = 0;
+  for (const FeatureGroup& g : f.groups) layers = std::max(layers, g.layer_end);
+  return layers;
+}
+
+namespace detail {
+
+// v[i] = sqrt(max(v[i], 0)) (NaN reads as 0), correctly rounded like sqrtf. With vector
+// instructions where the build has them: a loop calling sqrtf stays scalar (GCC 12 keeps a
+// call for errno beside each square root), and head_variance's square root was then the policy
+// inputs' slowest loop.
+inline void sqrt_clamped_in_place(float* v, int count) {
+  int i = 0;
+#if defined(__AVX__) && !defined(__CUDACC__)
+  // 8 lanes even under AVX-512: GCC 12's 16-lane sqrt and max intrinsics trip its own
+  // -Wmaybe-uninitialized (they pass _mm512_undefined_ps as the masked-off source).
+  for (; i + 8 <= count; i += 8)  // max_ps gives its second operand (0) for a NaN first
+    _mm256_storeu_ps(v + i, _mm256_sqrt_ps(_mm256_max_ps(_mm256_loadu_ps(v + i), _mm256_setzero_ps())));
+#endif
+  for (; i < count; ++i) v[i] = std::sqrt(v[i] > 0.0f ? v[i] : 0.0f);
+}
+
+}  // namespace detail
+
+// Rows per call of fill_policy_input at most (a tile of the MLP is 32).
+inline constexpr int kPolicyInputChunk = 64;
+
+// Input `in` of rows [row0, row0 + count), count <= kPolicyInputChunk, all of one group scaled
+// by s, into out[0, count). One loop per input with the choice outside it, so each loop
+// vectorises (math::log_poly); a feature column is first copied out of the [rows, 5] matrix,
+// since GCC left the loops that read it with a stride of 5 scalar. layer_last:
+// layer_last_query_mass(f) when `in` is layer_last_alpha (else unread); budget: the rows each
+// group keeps (budget_age reads it).
+inline void fill_policy_input(const TokenFeatures& f, PolicyInput in, const PolicyInputScale& s,
+                              const float* layer_last, int budget, int row0, int count,
+                              float* DC_RESTRICT out) {
+  DC_CHECK(count >= 0 && count <= kPolicyInputChunk, "fill_policy_input: ", count, " rows in one call");
+  const int n = s.rows, latest = f.latest_position;
+  float column[kPolicyInputChunk];
+  auto copy_column = [&](Feature c) {
+    const float* x = f.x.data() + std::size_t(row0) * kNumFeatures + std::size_t(c);
+    for (int i = 0; i < count; ++i) column[i] = x[std::size_t(i) * kNumFeatures];
+    return column;
+  };
+  const std::int32_t* DC_RESTRICT pos = f.position.data() + row0;
+  switch (in) {
+    case PolicyInput::alpha: {
+      const float* DC_RESTRICT c = copy_column(Feature::alpha);
+      for (int i = 0; i < count; ++i) out[i] = math::input_log_relative_mass(c[i], n);
+      return;
+    }
+    case PolicyInput::value_norm: {
+      const float* DC_RESTRICT c = copy_column(Feature::value_norm);
+      for (int i = 0; i < count; ++i) out[i] = math::input_log_relative_norm(c[i], s.mean_value_norm);
+      return;
+    }
+    case PolicyInput::head_variance: {
+      float* DC_RESTRICT c = copy_column(Feature::head_variance);
+      detail::sqrt_clamped_in_place(c, count);  // the standard deviation across heads
+      for (int i = 0; i < count; ++i) out[i] = math::input_log_relative_std(c[i], n);
+      return;
+    }
+    case PolicyInput::entropy: {
+      const float* DC_RESTRICT c = copy_column(Feature::entropy);
+      for (int i = 0; i < count; ++i) out[i] = math::input_relative_entropy_scaled(c[i], s.entropy_scale);
+      return;
+    }
+    case PolicyInput::position: {
+      const float* DC_RESTRICT c = copy_column(Feature::position);
+      for (int i = 0; i < count; ++i) out[i] = c[i];
+      return;
+    }
+    case PolicyInput::last_alpha: {
+      const float* DC_RESTRICT last = f.last_query_mass.data() + row0;
+      for (int i = 0; i < count; ++i) out[i] = math::input_log_relative_mass(last[i], n);
+      return;
+    }
+    case PolicyInput::budget_age:
+      for (int i = 0; i < count; ++i) out[i] = math::input_log_budget_age(latest - pos[i], budget);
+      return;
+    case PolicyInput::log_age:
+      for (int i = 0; i < count; ++i) out[i] = math::input_log_age(latest - pos[i]);
+      return;
+    case PolicyInput::depth:
+      for (int i = 0; i < count; ++i) out[i] = s.depth;
+      return;
+    case PolicyInput::layer_last_alpha:
+      for (int i = 0; i < count; ++i) out[i] = math::input_log_relative_mass(layer_last[row0 + i], n);
+      return;
+  }
+}
+
+// Checks what every way of building the inputs needs; returns layer_last_query_mass(f) when the
+// inputs ask for it (empty otherwise).
+inline std::vector<float> prepare_policy_inputs(const TokenFeatures& f, std::span<const PolicyInput> inputs,
+                                                int budget) {
   DC_CHECK(!inputs.empty(), "policy_inputs: no inputs asked for");
   DC_CHECK(budget >= 1 || std::find(inputs.begin(), inputs.end(), PolicyInput::budget_age) == inputs.end(),
            "policy_inputs: budget_age needs a budget of at least 1 row, got ", budget);
+  const bool wants_layer_last =
+      std::find(inputs.begin(), inputs.end(), PolicyInput::layer_last_alpha) != inputs.end();
+  return wants_layer_last ? layer_last_query_mass(f) : std::vector<float>();
+}
+
+// [f.size, inputs.size()] row-major: the inputs of every row, in the order asked for; budget is
+// the number of rows each group keeps (only budget_age reads it). The trainer's form (it keeps
+// the inputs for the backward); inference builds them tile by tile (policy/mlp_scoring.hpp).
+inline std::vector<float> policy_inputs(const TokenFeatures& f, std::span<const PolicyInput> inputs,
+                                        int budget) {
+  const std::vector<float> layer_last = prepare_policy_inputs(f, inputs, budget);
   const std::size_t k = inputs.size();
   std::vector<float> out(std::size_t(f.size) * k);
   // Groups are independent (each its own rows and means): in parallel, since the logarithms of
   // 737k rows (SmolLM2 at 8k, head granularity) took longer than the MLP that reads them.
   const int groups = f.num_groups();
-  int layers = 0;  // the layers the groups span (depth's scale)
-  for (const FeatureGroup& g : f.groups) layers = std::max(layers, g.layer_end);
-  const bool wants_layer_last =
-      std::find(inputs.begin(), inputs.end(), PolicyInput::layer_last_alpha) != inputs.end();
-  const std::vector<float> layer_last = wants_layer_last ? layer_last_query_mass(f) : std::vector<float>();
+  const int layers = policy_input_layers(f);
+  constexpr int kChunk = kPolicyInputChunk;  // rows per column pass
   DC_OMP(parallel for schedule(dynamic) if (groups > 1 && f.size > 4096))
   for (int group = 0; group < groups; ++group) {
     const FeatureGroup& g = f.groups[std::size_t(group)];
-    const int n = g.rows();
-    double norm_sum = 0.0;
-    for (int r = g.row_begin; r < g.row_end; ++r) norm_sum += f.feature(r, Feature::value_norm);
-    const float mean_norm = n > 0 ? float(norm_sum / n) : 0.0f;
-    for (int r = g.row_begin; r < g.row_end; ++r) {
-      float* row = out.data() + std::size_t(r) * k;
+    const PolicyInputScale s = policy_input_scale(f, group, layers);
+    float column[kChunk];
+    for (int row0 = g.row_begin; row0 < g.row_end; row0 += kChunk) {
+      const int count = std::min(kChunk, g.row_end - row0);
       for (std::size_t j = 0; j < k; ++j) {
-        switch (inputs[j]) {
-          case PolicyInput::alpha:
-            row[j] = math::input_log_relative_mass(f.feature(r, Feature::alpha), n);
-            break;
-          case PolicyInput::value_norm:
-            row[j] = math::input_log_relative_norm(f.feature(r, Feature::value_norm), mean_norm);
-            break;
-          case PolicyInput::head_variance:
-            row[j] = math::input_log_relative_spread(f.feature(r, Feature::head_variance), n);
-            break;
-          case PolicyInput::entropy:
-            row[j] = math::input_relative_entropy(f.feature(r, Feature::entropy), n);
-            break;
-          case PolicyInput::position: row[j] = f.feature(r, Feature::position); break;
-          case PolicyInput::last_alpha:
-            row[j] = math::input_log_relative_mass(f.last_query_mass[std::size_t(r)], n);
-            break;
-          case PolicyInput::budget_age:
-            row[j] = math::input_log_budget_age(f.latest_position - f.position[std::size_t(r)], budget);
-            break;
-          case PolicyInput::log_age:
-            row[j] = math::input_log_age(f.latest_position - f.position[std::size_t(r)]);
-            break;
-          case PolicyInput::depth: row[j] = math::input_depth(g.layer_begin, g.layer_end, layers); break;
-          case PolicyInput::layer_last_alpha:
-            row[j] = math::input_log_relative_mass(layer_last[std::size_t(r)], n);
-            break;
-        }
+        fill_policy_input(f, inputs[j], s, layer_last.data(), budget, row0, count, column);
+        for (int i = 0; i < count; ++i) out[(std::size_t(row0) + std::size_t(i)) * k + j] = column[i];
       }
     }
   }

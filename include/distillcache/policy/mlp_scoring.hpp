@@ -1,0 +1,80 @@
+#pragma once
+// The learned policy's scores at inference on the CPU: every row's inputs are built straight into
+// the MLP's tile layout ([inputs, kMlpTile], policy/policy_inputs.hpp's fill_policy_input) and
+// the tile goes through the MLP at once (cpu/mlp.hpp's mlp_tile_layers). The trainer's path
+// (policy_inputs, then mlp_forward) first writes an [n, inputs] matrix and then transposes it
+// into tiles; inference keeps nothing for a backward, so it skips the matrix: at 737k rows
+// (SmolLM2 at 8k, one keep-set per KV head) the scores are the same bits (each row's arithmetic
+// is the same; tested) for less memory traffic.
+//
+// Work is split into tiles of one group each (a group's inputs are relative to its own rows), so
+// even one shared group spreads over every thread.
+//
+// recent: rows whose position is among the newest `recent` (position > latest - recent) score
+// +inf, as MlpPolicy's recent window keeps them whatever the MLP says, and a tile holding only
+// such rows skips the MLP: in the decoder's eviction of B + 16 rows back to B with the newest
+// half of B kept, that is nearly half of every group.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "../core/backend.hpp"
+#include "../cpu/mlp.hpp"
+#include "../cpu/parallel.hpp"
+#include "policy_inputs.hpp"
+
+namespace dc {
+
+inline void mlp_policy_scores(const TokenFeatures& f, std::span<const PolicyInput> inputs, int budget,
+                              const MlpLayout& layout, const float* params, std::span<float> scores,
+                              int recent = 0) {
+  DC_CHECK(layout.inputs == int(inputs.size()), "mlp_policy_scores: the MLP takes ", layout.inputs,
+           " inputs, ", inputs.size(), " asked for");
+  DC_CHECK(scores.size() >= std::size_t(f.size), "mlp_policy_scores: ", scores.size(),
+           " scores for ", f.size, " rows");
+  DC_CHECK(recent >= 0, "mlp_policy_scores: negative recent window ", recent);
+  const std::vector<float> layer_last = prepare_policy_inputs(f, inputs, budget);
+  constexpr int T = cpu_detail::kMlpTile;
+  const int groups = f.num_groups(), layers = policy_input_layers(f);
+  std::vector<PolicyInputScale> scale(static_cast<std::size_t>(groups));
+  // first_tile[g]: the index of group g's first tile, tiles numbered group after group.
+  std::vector<std::int64_t> first_tile(std::size_t(groups) + 1, 0);
+  for (int g = 0; g < groups; ++g)
+    first_tile[std::size_t(g) + 1] = first_tile[std::size_t(g)] + (f.groups[std::size_t(g)].rows() + T - 1) / T;
+  DC_OMP(parallel for schedule(dynamic) if (groups > 1 && f.size > 4096))
+  for (int g = 0; g < groups; ++g) scale[std::size_t(g)] = policy_input_scale(f, g, layers);
+  const std::int64_t count = first_tile.back();
+  const std::size_t width = std::size_t(layout.widest()) * T;
+  DC_OMP(parallel if (count > 64))
+  {
+    std::vector<float> a(width), z(width);
+    DC_OMP(for schedule(static))
+    for (std::int64_t t = 0; t < count; ++t) {
+      const int g = int(std::upper_bound(first_tile.begin(), first_tile.end(), t) - first_tile.begin()) - 1;
+      const FeatureGroup& group = f.groups[std::size_t(g)];
+      const int row0 = group.row_begin + int(t - first_tile[std::size_t(g)]) * T;
+      const int rows = std::min(T, group.row_end - row0);
+      const std::int32_t* position = f.position.data() + row0;
+      int in_window = 0;  // rows of the tile in the recent window
+      for (int r = 0; r < rows; ++r) in_window += position[r] > f.latest_position - recent ? 1 : 0;
+      if (in_window == rows) {
+        std::fill(scores.data() + row0, scores.data() + row0 + rows, INFINITY);
+        continue;
+      }
+      for (int i = 0; i < layout.inputs; ++i) {
+        float* column = a.data() + std::size_t(i) * T;
+        fill_policy_input(f, inputs[std::size_t(i)], scale[std::size_t(g)], layer_last.data(), budget, row0,
+                          rows, column);
+        std::fill(column + rows, column + T, 0.0f);  // as mlp_tile_forward pads a short tile
+      }
+      cpu_detail::mlp_tile_layers(layout, params, row0, rows, scores.data(), nullptr, a.data(), z.data());
+      if (in_window > 0)
+        for (int r = 0; r < rows; ++r)
+          if (position[r] > f.latest_position - recent) scores[std::size_t(row0 + r)] = INFINITY;
+    }
+  }
+}
+
+}  // namespace dc
