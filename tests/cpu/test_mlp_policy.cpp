@@ -428,6 +428,17 @@ TEST_CASE("inference scores (inputs built into tiles) give the trainer's inputs-
   f.validate();
   std::vector<dc::PolicyInput> all;
   for (int i = 0; i < dc::kNumPolicyInputs; ++i) all.push_back(dc::PolicyInput(i));
+  {  // The vectorised columns give the scalar formulas' bits (head_variance's square root in vector
+     // instructions, entropy over log n computed once per group).
+    const std::vector<dc::PolicyInput> two = {dc::PolicyInput::head_variance, dc::PolicyInput::entropy};
+    const auto x = dc::policy_inputs(f, two, 700);
+    for (int r = 0; r < f.size; ++r) {
+      const int n = f.groups[std::size_t(f.group[std::size_t(r)])].rows();
+      CAPTURE(r);
+      CHECK(x[std::size_t(r) * 2] == dc::math::input_log_relative_spread(f.feature(r, dc::Feature::head_variance), n));
+      CHECK(x[std::size_t(r) * 2 + 1] == dc::math::input_relative_entropy(f.feature(r, dc::Feature::entropy), n));
+    }
+  }
   for (const auto& hidden : {std::vector<int>{16}, std::vector<int>{32, 32}})
     for (dc::Activation act : {dc::Activation::silu, dc::Activation::relu}) {
       const dc::MlpLayout L(int(all.size()), hidden, act);
