@@ -17,9 +17,10 @@
 
 namespace {
 
-// Arg 0: context; arg 1: statistics on (1) or off (0).
+// Arg 0: context; arg 1: statistics on (1) or off (0); arg 2: K/V stored as fp32 (0) or bf16 (1).
 void decode_with_statistics(benchmark::State& state) {
-  dc_bench::run_decode(state, dc_bench::smollm2_model(1), int(state.range(1)));
+  dc_bench::run_decode(state, dc_bench::smollm2_model(1), int(state.range(1)),
+                       state.range(2) ? dc::DType::bf16 : dc::DType::f32);
 }
 
 // The learned policy with the shipped policy's six inputs (the paper's five and last_alpha) and
@@ -70,17 +71,20 @@ void evict_once(benchmark::State& state) {
       benchmark::Counter(double(state.iterations()) * 16, benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
 }
 
-// The eviction a decoder runs every 16 tokens at a 25 % budget: a cache of B + 16 slots back to
-// B, at head granularity with H2O (features, scores, top-B, compaction), B = 2048 (25 % of 8k)
-// and 512 (of 2k). Divided by 16 it is the per-token cost to set against a decode step at the
-// same length (decode_with_statistics). Arg 0: B; arg 1: the policy (0 H2O, 1-3 the learned
-// MLP's shapes, whose recent window then covers half the rows).
+// The eviction a decoder runs every `chunk` tokens at a 25 % budget: a cache of B + chunk slots
+// back to B, at head granularity (features, scores, top-B, compaction), B = 2048 (25 % of 8k)
+// and 512 (of 2k). Divided by the chunk it is the per-token cost to set against a decode step
+// at the same length (decode_with_statistics). Arg 0: B; arg 1: the policy (0 H2O, 1-3 the
+// learned MLP's shapes, whose recent window then covers half the rows); arg 2: the chunk
+// (examples/eval --chunk; 16 by default); arg 3: the cache's K/V storage (0 fp32, 1 bf16: half
+// the bytes the compaction moves).
 void evict_decode_chunk(benchmark::State& state) {
-  const int budget = int(state.range(0)), chunk = 16, context = budget + chunk;
+  const int budget = int(state.range(0)), chunk = int(state.range(2)), context = budget + chunk;
+  const dc::DType kv_type = state.range(3) ? dc::DType::bf16 : dc::DType::f32;
   auto& model = dc_bench::smollm2_model(1);
-  auto full = model.make_cache(context);
+  auto full = model.make_cache(context, kv_type);
   dc_bench::fill_cache(full, context);
-  auto cache = model.make_cache(context);
+  auto cache = model.make_cache(context, kv_type);
   dc::H2OPolicy h2o;
   dc::EvictionPolicy& policy = chosen_policy(long(state.range(1)), h2o);
   std::vector<float> scores;
@@ -89,7 +93,6 @@ void evict_decode_chunk(benchmark::State& state) {
     cache.copy_from(model.context(), full);
     state.ResumeTiming();
     const dc::TokenFeatures f = dc::gather_features(model.context(), cache, dc::Granularity::head);
-    f.validate();  // as the decoder does before a policy sees them
     scores.assign(std::size_t(f.size), 0.0f);
     policy.score(f, budget, scores);
     dc::compact_groups(model.context(), cache, f, dc::select_keep_groups(scores, f, budget));
@@ -145,14 +148,20 @@ void decode_budget_vs_full(benchmark::State& state) {
 }  // namespace
 
 BENCHMARK(decode_with_statistics)
-    ->ArgsProduct({{1024, 2048, 4096, 8191}, {0, 1}})
+    ->ArgsProduct({{1024, 2048, 4096, 8191}, {0, 1}, {0}})
+    ->Args({2048, 1, 1})
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(evict_once)
     ->ArgsProduct({{1024, 2048, 4096, 8191}, {0, 1, 2}, {0, 1}})
     ->Args({8191, 2, 2})
     ->Args({8191, 2, 3})
     ->Unit(benchmark::kMicrosecond);
-BENCHMARK(evict_decode_chunk)->ArgsProduct({{512, 2048}, {0, 1, 2, 3}})->Unit(benchmark::kMicrosecond);
+BENCHMARK(evict_decode_chunk)
+    ->ArgsProduct({{512, 2048}, {0, 1, 2, 3}, {16}, {0}})
+    ->ArgsProduct({{2048}, {0, 2}, {16, 32}, {1}})
+    ->Args({2048, 0, 32, 0})
+    ->Args({2048, 2, 32, 0})
+    ->Unit(benchmark::kMicrosecond);
 BENCHMARK(score_only)->ArgsProduct({{1024, 8191}, {0, 1, 2, 3}})->Unit(benchmark::kMicrosecond);
 BENCHMARK(decode_budget_vs_full)
     ->Args({0, 0})

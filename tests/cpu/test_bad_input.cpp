@@ -361,6 +361,10 @@ std::vector<BadInput> bad_inputs(const dc_test::TempDir& tmp) {
   }, "policy 'nan' gave row 0 (position 0) a NaN score");
   add("make_baseline_policy", "unknown name", [&] { dc::make_baseline_policy("lru"); },
       "unknown policy 'lru' (known: full, random");
+  add("make_baseline_policy", "H2O's recent fraction not a number", [&] { dc::make_baseline_policy("h2o:recent=half"); },
+      "policy 'h2o:recent=half': the recent fraction 'half' is not a number");
+  add("make_baseline_policy", "H2O's recent fraction outside [0, 1]", [&] { dc::make_baseline_policy("h2o:recent=2"); },
+      "policy 'h2o:recent=2': the recent fraction must lie in [0, 1]");
   add("select_keep", "NaN score", [&] {
     dc::select_keep(std::vector<float>{0, NAN}, std::vector<std::int32_t>{0, 1}, 1);
   }, "score of slot 1 is NaN");

@@ -222,6 +222,14 @@ TEST_CASE("each baseline keeps what a straightforward reference keeps") {
   dc::H2OPolicy h2o;  // 4 most recent + top-4 accumulated mass among the rest
   for (int i = 0; i < 20; ++i) key[std::size_t(i)] = i >= 16 ? 1e9 : f.accumulated_mass[std::size_t(i)];
   CHECK(keep_of(h2o, f, B) == top_by(key, B));
+  auto h2o_quarter = dc::make_baseline_policy("h2o:recent=0.25");  // 2 most recent + top-6
+  CHECK(h2o_quarter->name() == "h2o:recent=0.25");
+  for (int i = 0; i < 20; ++i) key[std::size_t(i)] = i >= 18 ? 1e9 : f.accumulated_mass[std::size_t(i)];
+  CHECK(keep_of(*h2o_quarter, f, B) == top_by(key, B));
+  CHECK(keep_of(*dc::make_baseline_policy("h2o:recent=0.5"), f, B) == keep_of(h2o, f, B));
+  CHECK_THROWS_WITH_AS(dc::make_baseline_policy("h2o:recent=half"), doctest::Contains("is not a number"), dc::Error);
+  CHECK_THROWS_WITH_AS(dc::make_baseline_policy("h2o:recent=1.5"), doctest::Contains("must lie in [0, 1]"), dc::Error);
+  CHECK_THROWS_WITH_AS(dc::make_baseline_policy("h2o:recent="), doctest::Contains("is not a number"), dc::Error);
 
   dc::SnapKVPolicy snapkv(4, 3);  // last 4 kept + top-4 of avg-pooled alpha (kernel 3, zero pad)
   for (int i = 0; i < 20; ++i) {

@@ -100,6 +100,10 @@ struct TokenFeatures {
   // and KV heads; only when the cache collected query statistics (zeros otherwise).
   bool has_expected_attention = false;
   std::vector<float> expected_attention;
+  // Per group: the sum of its rows' value_norm column (value_norm_sum's order), which the
+  // learned policy's inputs are relative to. gather_features fills it while the column is hot;
+  // empty for features built by hand, and then a policy sums the column itself (same bits).
+  std::vector<double> group_value_norm_sum;
 
   int num_groups() const { return int(groups.size()); }
   float feature(int row, Feature f) const {
@@ -139,6 +143,8 @@ struct TokenFeatures {
       next = groups[g].row_end;
     }
     DC_CHECK(next == size, "features: groups cover ", next, " of ", size, " rows");
+    DC_CHECK(group_value_norm_sum.empty() || group_value_norm_sum.size() == groups.size(),
+             "features: ", group_value_norm_sum.size(), " value norm sums for ", groups.size(), " groups");
     if (!all_finite(x))  // then find the first bad entry, feature by feature, for the message
       for (int f = 0; f < kNumFeatures; ++f)
         for (int r = 0; r < size; ++r)
@@ -151,6 +157,21 @@ struct TokenFeatures {
     check_all_finite(expected_attention, "features: 'expected_attention'");
   }
 };
+
+// The sum of `count` floats at a stride, in double, in eight running sums (element 8k + lane;
+// the last count % 8 elements into lane 0), added up lane by lane at the end: one chain of
+// dependent double additions over a group's rows took longer than all the policy's logarithms.
+inline double value_norm_sum(const float* values, int count, std::ptrdiff_t stride) {
+  constexpr int kLanes = 8;
+  double lane_sum[kLanes] = {};
+  int r = 0;
+  for (; r + kLanes <= count; r += kLanes)
+    for (int k = 0; k < kLanes; ++k) lane_sum[k] += values[std::ptrdiff_t(r + k) * stride];
+  for (; r < count; ++r) lane_sum[0] += values[std::ptrdiff_t(r) * stride];
+  double sum = 0.0;
+  for (double v : lane_sum) sum += v;
+  return sum;
+}
 
 namespace detail {
 
@@ -166,6 +187,13 @@ struct HostStatistics {
 // [h0, h1) (all holding the same slots, at the given positions) and starts at row0 of f, whose
 // columns are already sized. expected[l] is layer l's expected attention [kv_heads, n] (empty
 // without query statistics). Touches only the group's rows, so groups may run in parallel.
+//
+// Column by column: each statistics row is added into a per-group column with the slots
+// innermost (contiguous, vectorised), then the features are formed row by row from those sums.
+// Every row's sums take the same terms in the same order as a loop over (layer, head) per row
+// would, so the features are the same bits; the per-row loop it replaced read nine statistics
+// rows with a stride of the cache's capacity for every slot and was a seventh of a decode-time
+// eviction.
 inline void write_group_rows(TokenFeatures& f, int g, int row0,
                              const std::vector<HostStatistics>& stats,
                              const std::vector<std::vector<float>>& expected,
@@ -177,51 +205,72 @@ inline void write_group_rows(TokenFeatures& f, int g, int row0,
   for (int l = l0; l < l1; ++l) layers += evictable[std::size_t(l)] ? 1 : 0;
   const float covered = float(layers * (h1 - h0));
   const int query_heads = (h1 - h0) * group_size;
-  std::vector<float> head_mass(static_cast<std::size_t>(query_heads));
-  for (int i = 0; i < n; ++i) {
-    float mass = 0.0f, entropy_mass = 0.0f, queries = 0.0f, value_norm = 0.0f, key_norm = 0.0f,
-          last = 0.0f, expected_mass = 0.0f;
-    std::fill(head_mass.begin(), head_mass.end(), 0.0f);
-    for (int l = l0; l < l1; ++l) {
-      if (!evictable[std::size_t(l)]) continue;
-      const HostStatistics& layer = stats[std::size_t(l)];
-      for (int h = h0; h < h1; ++h) {
-        const float* block = layer.data + std::int64_t(h) * rows_per_head * layer.stride;
-        auto at = [&](int r) { return block[std::int64_t(r) * layer.stride + i]; };
-        mass += at(kStatMass);
-        entropy_mass += at(kStatEntropyMass);
-        value_norm += at(kStatValueNorm);
-        key_norm += at(kStatKeyNorm);
-        last += at(kStatLastMass);
-        if (f.has_expected_attention) expected_mass += expected[std::size_t(l)][std::size_t(h) * n + i];
-        for (int q = 0; q < group_size; ++q)
-          head_mass[std::size_t((h - h0) * group_size + q)] += at(kStatHeadMass + q);
+  // Sums over the covered (layer, KV head) pairs, one column of n slots each.
+  enum Column { mass, entropy_mass, queries, value_norm, key_norm, last, expected_mass, columns };
+  const std::size_t un = std::size_t(n);
+  std::vector<float> sums(un * (columns + std::size_t(query_heads)), 0.0f);
+  auto column = [&](int c) { return sums.data() + std::size_t(c) * un; };
+  auto add = [n](float* DC_RESTRICT to, const float* DC_RESTRICT from) {
+    for (int i = 0; i < n; ++i) to[i] += from[i];
+  };
+  for (int l = l0; l < l1; ++l) {
+    if (!evictable[std::size_t(l)]) continue;
+    const HostStatistics& layer = stats[std::size_t(l)];
+    auto stat = [&](int h, int r) { return layer.data + (std::int64_t(h) * rows_per_head + r) * layer.stride; };
+    for (int h = h0; h < h1; ++h) {
+      add(column(mass), stat(h, kStatMass));
+      add(column(entropy_mass), stat(h, kStatEntropyMass));
+      add(column(value_norm), stat(h, kStatValueNorm));
+      add(column(key_norm), stat(h, kStatKeyNorm));
+      add(column(last), stat(h, kStatLastMass));
+      if (f.has_expected_attention) add(column(expected_mass), expected[std::size_t(l)].data() + std::size_t(h) * un);
+      for (int q = 0; q < group_size; ++q)
+        add(column(columns + (h - h0) * group_size + q), stat(h, kStatHeadMass + q));
+    }
+    // Every KV head of a layer sees the same queries for the same slot: count them once.
+    add(column(queries), stat(h0, kStatQueries));
+  }
+  // Mean mass per observed query of each query head: their sum and sum of squares per slot.
+  std::vector<float> head_sum(un, 0.0f), head_squares(un, 0.0f);
+  {
+    const float* DC_RESTRICT seen = column(queries);
+    float* DC_RESTRICT sum = head_sum.data();
+    float* DC_RESTRICT squares = head_squares.data();
+    for (int q = 0; q < query_heads; ++q) {
+      const float* DC_RESTRICT m = column(columns + q);
+      for (int i = 0; i < n; ++i) {
+        const float per_query = math::feature_alpha(m[i], seen[i], 1);
+        sum[i] += per_query;
+#if defined(__FMA__)
+        // Fused where the build has FMA, as compilers contract the per-row form; a vectorised
+        // loop is not always contracted, and the features would then differ in the last bit.
+        squares[i] = std::fma(per_query, per_query, squares[i]);
+#else
+        squares[i] += per_query * per_query;
+#endif
       }
-      // Every KV head of a layer sees the same queries for the same slot: count them once.
-      queries += layer.data[(std::int64_t(h0) * rows_per_head + kStatQueries) * layer.stride + i];
     }
+  }
+  for (int i = 0; i < n; ++i) {
     const int position = positions[std::size_t(i)];
-    float sum = 0.0f, sum_squares = 0.0f;  // mean mass per observed query, per query head
-    for (float m : head_mass) {
-      const float per_query = math::feature_alpha(m, queries, 1);
-      sum += per_query;
-      sum_squares += per_query * per_query;
-    }
     const std::size_t row = std::size_t(row0 + i);
+    const float row_mass = column(mass)[i];
     float* x = f.x.data() + row * kNumFeatures;
-    x[int(Feature::alpha)] = math::feature_alpha(mass, queries, query_heads);
-    x[int(Feature::value_norm)] = value_norm / covered;
-    x[int(Feature::head_variance)] = math::variance_from_sums(sum, sum_squares, query_heads);
-    x[int(Feature::entropy)] = math::feature_entropy(entropy_mass, mass);
+    x[int(Feature::alpha)] = math::feature_alpha(row_mass, column(queries)[i], query_heads);
+    x[int(Feature::value_norm)] = column(value_norm)[i] / covered;
+    x[int(Feature::head_variance)] = math::variance_from_sums(head_sum[std::size_t(i)], head_squares[std::size_t(i)], query_heads);
+    x[int(Feature::entropy)] = math::feature_entropy(column(entropy_mass)[i], row_mass);
     x[int(Feature::position)] = math::feature_position(position, f.latest_position);
     f.group[row] = g;
     f.slot[row] = i;
     f.position[row] = position;
-    f.accumulated_mass[row] = mass;
-    f.last_query_mass[row] = last / float(layers) / float(query_heads);
-    f.key_norm[row] = key_norm / covered;
-    f.expected_attention[row] = expected_mass / covered;
+    f.accumulated_mass[row] = row_mass;
+    f.last_query_mass[row] = column(last)[i] / float(layers) / float(query_heads);
+    f.key_norm[row] = column(key_norm)[i] / covered;
+    f.expected_attention[row] = column(expected_mass)[i] / covered;
   }
+  f.group_value_norm_sum[std::size_t(g)] =  // the rows just written, still in cache
+      value_norm_sum(f.x.data() + std::size_t(row0) * kNumFeatures + int(Feature::value_norm), n, kNumFeatures);
 }
 
 }  // namespace detail
@@ -311,6 +360,7 @@ TokenFeatures gather_features(const Context<B>& ctx, const KVCache<B>& cache,
   for (auto* column : {&f.group, &f.slot, &f.position}) column->resize(rows);
   for (auto* column : {&f.accumulated_mass, &f.last_query_mass, &f.key_norm, &f.expected_attention})
     column->resize(rows);
+  f.group_value_norm_sum.resize(f.groups.size());
   // Groups write disjoint rows: one task each (90 at head granularity on SmolLM2), in any order
   // and on any thread with the same result.
   const int num_plans = int(plans.size());

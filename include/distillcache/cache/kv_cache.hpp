@@ -303,12 +303,17 @@ class KVCache {
   // keep[h * count .. (h + 1) * count) (strictly ascending, each < length(l)), moved to the front
   // in that order. Every head keeps the same number of slots.
   void compact_heads(const Context<B>& ctx, int layer, std::span<const std::int32_t> keep) {
+    check_heads_keep(layer, keep);
+    move_heads(ctx, layer, keep);
+  }
+
+  // compact_heads' checks alone: throws unless keep is a valid per-head keep-set of layer l.
+  void check_heads_keep(int layer, std::span<const std::int32_t> keep) const {
     index(layer, 0);
     DC_CHECK(keep.size() % std::size_t(kv_heads_) == 0, "compact: ", keep.size(),
              " keep entries are not ", kv_heads_, " equal per-head keep-sets");
     const int count = int(keep.size() / std::size_t(kv_heads_));
     const int len = length(layer);
-    bool identity = count == len;
     for (int h = 0; h < kv_heads_; ++h)
       for (int i = 0; i < count; ++i) {
         const std::int32_t slot = keep[std::size_t(h) * count + i];
@@ -317,7 +322,14 @@ class KVCache {
         DC_CHECK(i == 0 || slot > keep[std::size_t(h) * count + i - 1],
                  "compact: keep-set of kv head ", h, " must be strictly ascending");
       }
-    if (identity) return;  // strictly ascending and complete: nothing moves
+  }
+
+  // compact_heads' moves alone, for a keep-set check_heads_keep accepted. Touches only layer l
+  // (its K/V, statistics and positions), so the layers of one eviction may move in parallel on
+  // the CPU; it throws nothing.
+  void move_heads(const Context<B>& ctx, int layer, std::span<const std::int32_t> keep) {
+    const int count = int(keep.size() / std::size_t(kv_heads_));
+    if (count == length(layer)) return;  // strictly ascending and complete: nothing moves
     with_kv(layer, [&](auto* k, auto* v) {
       kv_compact(ctx, k, v, stats(layer), kv_heads_, head_dim_, stat_rows(), capacity_, keep, count);
     });

@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "policy.hpp"
@@ -64,11 +66,16 @@ class StreamingPolicy final : public EvictionPolicy {
 };
 
 // h2o: heavy hitters by attention accumulated over all queries, half the budget kept for the
-// most recent tokens (H2O, Zhang et al. 2023).
+// most recent tokens (H2O, Zhang et al. 2023). "h2o:recent=F" keeps the newest fraction F of the
+// budget instead (the best F depends on the text and the budget: bench/results/README.md).
 class H2OPolicy final : public EvictionPolicy {
  public:
-  explicit H2OPolicy(double recent_fraction = 0.5) : recent_fraction_(recent_fraction) {}
-  std::string name() const override { return "h2o"; }
+  explicit H2OPolicy(double recent_fraction = 0.5, std::string name = "h2o")
+      : recent_fraction_(recent_fraction), name_(std::move(name)) {
+    DC_CHECK(std::isfinite(recent_fraction) && recent_fraction >= 0.0 && recent_fraction <= 1.0,
+             "policy '", name_, "': the recent fraction must lie in [0, 1]");
+  }
+  std::string name() const override { return name_; }
   int observation_window() const override { return 0; }  // every prompt query
   void score_slots(const TokenFeatures& f, int budget, std::span<float> s) override {
     const int recent = int(recent_fraction_ * budget);
@@ -80,6 +87,7 @@ class H2OPolicy final : public EvictionPolicy {
 
  private:
   double recent_fraction_;
+  std::string name_;
 };
 
 // observed: the mean attention a token received from the queries that could see it (every
@@ -180,9 +188,25 @@ inline std::vector<std::string> baseline_policy_names() {
   return {"full", "random", "streaming", "h2o", "observed", "snapkv", "tova", "knorm", "expected"};
 }
 
+inline constexpr std::string_view kH2ORecentPrefix = "h2o:recent=";
+
+// Whether make_baseline_policy knows `name` (a baseline's name, or h2o with its recent fraction).
+inline bool is_baseline_policy_name(const std::string& name) {
+  const auto names = baseline_policy_names();
+  return name.rfind(kH2ORecentPrefix, 0) == 0 || std::find(names.begin(), names.end(), name) != names.end();
+}
+
 // Makes a baseline by name; dc::Error lists the known names otherwise.
 inline std::unique_ptr<EvictionPolicy> make_baseline_policy(const std::string& name,
                                                              std::uint64_t seed = 0) {
+  if (name.rfind(kH2ORecentPrefix, 0) == 0) {
+    const std::string value = name.substr(kH2ORecentPrefix.size());
+    char* end = nullptr;
+    const double fraction = std::strtod(value.c_str(), &end);
+    DC_CHECK(!value.empty() && end == value.c_str() + value.size(), "policy '", name,
+             "': the recent fraction '", value, "' is not a number");
+    return std::make_unique<H2OPolicy>(fraction, name);
+  }
   if (name == "full") return std::make_unique<FullCachePolicy>();
   if (name == "random") return std::make_unique<RandomPolicy>(seed);
   if (name == "streaming") return std::make_unique<StreamingPolicy>();
@@ -192,7 +216,7 @@ inline std::unique_ptr<EvictionPolicy> make_baseline_policy(const std::string& n
   if (name == "tova") return std::make_unique<TOVAPolicy>();
   if (name == "knorm") return std::make_unique<KNormPolicy>();
   if (name == "expected") return std::make_unique<ExpectedAttentionPolicy>();
-  DC_FAIL("unknown policy '", name, "' (known: full, random, streaming, h2o, observed, snapkv, tova, knorm, expected)");
+  DC_FAIL("unknown policy '", name, "' (known: full, random, streaming, h2o, h2o:recent=F, observed, snapkv, tova, knorm, expected)");
 }
 
 }  // namespace dc

@@ -111,17 +111,11 @@ inline PolicyInputScale policy_input_scale(const TokenFeatures& f, int group, in
   const FeatureGroup& g = f.groups[std::size_t(group)];
   PolicyInputScale s;
   s.rows = g.rows();
-  // Eight running sums (rows r = 8k + lane), added up at the end: one chain of dependent double
-  // additions over the group's rows took longer than all the policy's logarithms.
-  constexpr int kLanes = 8;
-  double lane_sum[kLanes] = {};
-  const float* norms = f.x.data() + std::size_t(Feature::value_norm);
-  int r = g.row_begin;
-  for (; r + kLanes <= g.row_end; r += kLanes)
-    for (int k = 0; k < kLanes; ++k) lane_sum[k] += norms[std::size_t(r + k) * kNumFeatures];
-  for (; r < g.row_end; ++r) lane_sum[0] += norms[std::size_t(r) * kNumFeatures];
-  double norm_sum = 0.0;
-  for (double v : lane_sum) norm_sum += v;
+  const double norm_sum =
+      f.group_value_norm_sum.size() == f.groups.size()
+          ? f.group_value_norm_sum[std::size_t(group)]  // gather_features summed it
+          : value_norm_sum(f.x.data() + std::size_t(g.row_begin) * kNumFeatures + int(Feature::value_norm),
+                           s.rows, kNumFeatures);
   s.mean_value_norm = s.rows > 0 ? float(norm_sum / s.rows) : 0.0f;
   s.entropy_scale = math::input_entropy_scale(s.rows);
   s.depth = math::input_depth(g.layer_begin, g.layer_end, layers);

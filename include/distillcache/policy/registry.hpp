@@ -45,10 +45,10 @@ inline std::unique_ptr<EvictionPolicy> make_policy(const std::string& spec, std:
     DC_CHECK(!path.empty(), "policy '", spec, "': no file given after '='");
     return std::make_unique<MlpPolicy>(MlpPolicy::from_checkpoint(load_policy_checkpoint(path), spec));
   }
-  const auto names = baseline_policy_names();
-  if (std::find(names.begin(), names.end(), spec) == names.end()) {
+  if (!is_baseline_policy_name(spec)) {
     std::string known;
-    for (const auto& n : names) known += n + ", ";
+    for (const auto& n : baseline_policy_names()) known += n + ", ";
+    known += "h2o:recent=F, ";
     DC_FAIL("unknown policy '", spec, "' (known: ", known, "distillcache, distillcache=PATH; any of them +layers=PATH)");
   }
   return make_baseline_policy(spec, seed);
