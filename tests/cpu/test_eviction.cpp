@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <numeric>
 
@@ -430,6 +431,39 @@ TEST_CASE("per-head keep-sets: decoding equals the reference masked per (layer, 
       return q < evicted_at[std::size_t(l)][0][std::size_t(k)];
     });
     CHECK(max_abs_diff(got.back(), like_head0.logits.back()) > 1e-3);
+  }
+}
+
+TEST_CASE("the gather's value norm sums per group are the column's, so a policy scores the same from either") {
+  dc::HfModel m = dc::load_hf_model(kFixtures + "/tiny_mistral");
+  dc::Transformer<dc::cpu> model(m.config, std::move(m.weights), 5);
+  const auto tokens = fixture_tokens("tiny_mistral");
+  std::vector<std::int32_t> ids(tokens.begin(), tokens.end());
+  auto cache = model.make_cache(14);
+  cache.set_observed_from(0);
+  model.forward(std::span(ids).first(14), cache);
+  std::vector<dc::PolicyInput> inputs = dc::paper_policy_inputs();
+  inputs.push_back(dc::PolicyInput::last_alpha);
+  auto policy = dc::MlpPolicy::initialised(inputs, {8}, 5);
+  for (auto granularity : {dc::Granularity::shared, dc::Granularity::layer, dc::Granularity::head}) {
+    CAPTURE(dc::granularity_name(granularity));
+    dc::TokenFeatures f = dc::gather_features(model.context(), cache, granularity);
+    REQUIRE(f.group_value_norm_sum.size() == f.groups.size());
+    for (std::size_t g = 0; g < f.groups.size(); ++g) {
+      double column = 0.0;
+      for (int r = f.groups[g].row_begin; r < f.groups[g].row_end; ++r) column += f.feature(r, dc::Feature::value_norm);
+      CHECK(f.group_value_norm_sum[g] == doctest::Approx(column).epsilon(1e-12));
+      CHECK(f.group_value_norm_sum[g] == dc::value_norm_sum(f.x.data() + std::size_t(f.groups[g].row_begin) * dc::kNumFeatures +
+                                                                int(dc::Feature::value_norm),
+                                                            f.groups[g].rows(), dc::kNumFeatures));
+    }
+    std::vector<float> gathered(std::size_t(f.size)), summed_here(std::size_t(f.size));
+    policy.score(f, 5, gathered);
+    f.group_value_norm_sum.clear();  // as features built by hand: the policy sums the column
+    policy.score(f, 5, summed_here);
+    CHECK(std::memcmp(gathered.data(), summed_here.data(), gathered.size() * sizeof(float)) == 0);
+    f.group_value_norm_sum.assign(1 + f.groups.size(), 0.0);
+    CHECK_THROWS_WITH_AS(f.validate(), doctest::Contains("value norm sums for"), dc::Error);
   }
 }
 
