@@ -102,7 +102,28 @@ TEST_CASE("the MLP's register-blocked units give the plain loop's bits") {
       CAPTURE(in);
       CAPTURE(out);
       CHECK(std::memcmp(fast.data(), plain.data(), fast.size() * sizeof(float)) == 0);
+      // Written through ReLU (inference's fused form): the activation of those bits, both paths.
+      std::vector<float> fast_relu(fast.size()), plain_relu(fast.size()), relu_of(fast.size());
+      dc::cpu_detail::mlp_tile_units(W.data(), b.data(), in, out, a.data(), fast_relu.data(), true);
+      dc::cpu_detail::mlp_tile_units_portable(W.data(), b.data(), in, out, a.data(), plain_relu.data(), true);
+      dc::math::activate_all(dc::Activation::relu, plain.data(), relu_of.data(), int(plain.size()));
+      CHECK(std::count(relu_of.begin(), relu_of.end(), 0.0f) > 0);
+      CHECK(std::memcmp(fast_relu.data(), relu_of.data(), fast.size() * sizeof(float)) == 0);
+      CHECK(std::memcmp(plain_relu.data(), relu_of.data(), fast.size() * sizeof(float)) == 0);
     }
+  // A whole forward: the fused ReLU path (nothing saved) gives the saving path's scores.
+  for (const auto& hidden : {std::vector<int>{16}, std::vector<int>{16, 8}, std::vector<int>{32, 32}}) {
+    const dc::MlpLayout L(6, hidden, dc::Activation::relu);
+    const auto p = random_params(L, 5);
+    const int n = 77;
+    std::vector<float> x(std::size_t(n) * 6);
+    for (float& v : x) v = u(rng);
+    std::vector<float> fused(n), unfused(n), saved(std::size_t(n) * std::size_t(L.saved_per_row()));
+    dc::mlp_forward(kCpu, L, p.data(), x.data(), n, fused.data(), nullptr);
+    dc::mlp_forward(kCpu, L, p.data(), x.data(), n, unfused.data(), saved.data());
+    CAPTURE(hidden.size());
+    CHECK(std::memcmp(fused.data(), unfused.data(), fused.size() * sizeof(float)) == 0);
+  }
 }
 
 TEST_CASE("mlp_backward matches central finite differences of the double reference") {

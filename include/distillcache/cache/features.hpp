@@ -270,7 +270,8 @@ inline void write_group_rows(TokenFeatures& f, int g, int row0,
     f.expected_attention[row] = column(expected_mass)[i] / covered;
   }
   f.group_value_norm_sum[std::size_t(g)] =  // the rows just written, still in cache
-      value_norm_sum(f.x.data() + std::size_t(row0) * kNumFeatures + int(Feature::value_norm), n, kNumFeatures);
+      n > 0 ? value_norm_sum(f.x.data() + std::size_t(row0) * kNumFeatures + int(Feature::value_norm), n, kNumFeatures)
+            : 0.0;
 }
 
 }  // namespace detail

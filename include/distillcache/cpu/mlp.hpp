@@ -14,6 +14,7 @@
 // trainer's resume identity needs.
 #include <algorithm>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "../core/backend.hpp"
@@ -29,11 +30,14 @@ inline constexpr int kMlpTile = 32;
 inline constexpr std::int64_t kMlpChunkRows = 1024;  // rows per gradient partial sum
 
 // z[o, r] = b[o] + sum_i W[o, i] a[i, r] for the out units of a layer over one tile (a: [in, T],
-// z: [out, T]), in the order of i for every (o, r).
+// z: [out, T]), in the order of i for every (o, r); relu: z is written through ReLU
+// (math::activate's x > 0 ? x : 0), which spares inference a pass over z (nothing is saved for a
+// backward there).
 // The plain loop: what builds without AVX run, and the reference the vector path is tested
 // against bit for bit (tests/cpu/test_mlp_policy.cpp).
 inline void mlp_tile_units_portable(const float* DC_RESTRICT W, const float* DC_RESTRICT b, int in,
-                                    int out, const float* DC_RESTRICT a, float* DC_RESTRICT z) {
+                                    int out, const float* DC_RESTRICT a, float* DC_RESTRICT z,
+                                    bool relu = false) {
   constexpr int T = kMlpTile;
   for (int o = 0; o < out; ++o) {
     float acc[T];
@@ -43,7 +47,7 @@ inline void mlp_tile_units_portable(const float* DC_RESTRICT W, const float* DC_
       const float wi = w[i];
       for (int r = 0; r < T; ++r) acc[r] += wi * a[i * T + r];
     }
-    for (int r = 0; r < T; ++r) z[o * T + r] = acc[r];
+    for (int r = 0; r < T; ++r) z[o * T + r] = relu ? math::activate(Activation::relu, acc[r]) : acc[r];
   }
 }
 
@@ -70,8 +74,9 @@ inline MlpVector load_mlp_vector(const float* p) {
 inline void store_mlp_vector(float* p, MlpVector v) { __builtin_memcpy(p, &v, sizeof v); }
 inline MlpVector splat_mlp_vector(float x) { return MlpVector{} + x; }
 
-// z rows [u, u + Units) of one tile: Units x (T / lanes) accumulators, fully unrolled.
-template <int Units>
+// z rows [u, u + Units) of one tile: Units x (T / lanes) accumulators, fully unrolled; Relu: z
+// through ReLU, lane by lane as math::activate computes it.
+template <int Units, bool Relu>
 inline void mlp_tile_unit_block(const float* DC_RESTRICT W, const float* DC_RESTRICT b, int in, int u,
                                 const float* DC_RESTRICT a, float* DC_RESTRICT z) {
   constexpr int T = kMlpTile, K = kMlpTile / kMlpLanes;
@@ -88,21 +93,33 @@ inline void mlp_tile_unit_block(const float* DC_RESTRICT W, const float* DC_REST
       for (int k = 0; k < K; ++k) c[j][k] += wji * ai[k];
     }
   }
+  const MlpVector zero{};
   for (int j = 0; j < Units; ++j)
-    for (int k = 0; k < K; ++k) store_mlp_vector(z + (u + j) * T + k * kMlpLanes, c[j][k]);
+    for (int k = 0; k < K; ++k) {
+      MlpVector v = c[j][k];
+      if constexpr (Relu) v = v > zero ? v : zero;
+      store_mlp_vector(z + (u + j) * T + k * kMlpLanes, v);
+    }
+}
+
+template <bool Relu>
+inline void mlp_tile_units_as(const float* DC_RESTRICT W, const float* DC_RESTRICT b, int in, int out,
+                              const float* DC_RESTRICT a, float* DC_RESTRICT z) {
+  constexpr int Units = 8 / (kMlpTile / kMlpLanes);  // 8 accumulator chains per block
+  int u = 0;
+  for (; u + Units <= out; u += Units) mlp_tile_unit_block<Units, Relu>(W, b, in, u, a, z);
+  for (; u < out; ++u) mlp_tile_unit_block<1, Relu>(W, b, in, u, a, z);  // the output layer's single unit
 }
 
 inline void mlp_tile_units(const float* DC_RESTRICT W, const float* DC_RESTRICT b, int in, int out,
-                           const float* DC_RESTRICT a, float* DC_RESTRICT z) {
-  constexpr int Units = 8 / (kMlpTile / kMlpLanes);  // 8 accumulator chains per block
-  int u = 0;
-  for (; u + Units <= out; u += Units) mlp_tile_unit_block<Units>(W, b, in, u, a, z);
-  for (; u < out; ++u) mlp_tile_unit_block<1>(W, b, in, u, a, z);  // the output layer's single unit
+                           const float* DC_RESTRICT a, float* DC_RESTRICT z, bool relu = false) {
+  if (relu) mlp_tile_units_as<true>(W, b, in, out, a, z);
+  else mlp_tile_units_as<false>(W, b, in, out, a, z);
 }
 #else
 inline void mlp_tile_units(const float* DC_RESTRICT W, const float* DC_RESTRICT b, int in, int out,
-                           const float* DC_RESTRICT a, float* DC_RESTRICT z) {
-  mlp_tile_units_portable(W, b, in, out, a, z);
+                           const float* DC_RESTRICT a, float* DC_RESTRICT z, bool relu = false) {
+  mlp_tile_units_portable(W, b, in, out, a, z, relu);
 }
 #endif
 
@@ -117,14 +134,22 @@ inline void mlp_tile_layers(const MlpLayout& L, const float* DC_RESTRICT params,
   constexpr int T = kMlpTile;
   std::int64_t saved_offset = 0;
   const std::int64_t saved_row = L.saved_per_row();
+  // With nothing to save, a ReLU layer writes its activations directly, and the buffers swap
+  // roles: its output is the next layer's input.
+  const bool fuse_relu = !saved && L.activation == Activation::relu;
   for (int l = 0; l < L.layers(); ++l) {
     const int in = L.in(l), out = L.out(l);
     const float* W = params + L.weight_offset(l);
     const float* b = params + L.bias_offset(l);
-    mlp_tile_units(W, b, in, out, a, z);
-    if (l + 1 == L.layers()) {
+    const bool last = l + 1 == L.layers();
+    mlp_tile_units(W, b, in, out, a, z, fuse_relu && !last);
+    if (last) {
       for (int r = 0; r < rows; ++r) scores[row0 + r] = z[r];
       break;
+    }
+    if (fuse_relu) {
+      std::swap(a, z);
+      continue;
     }
     if (saved)
       for (int o = 0; o < out; ++o)

@@ -111,11 +111,12 @@ inline PolicyInputScale policy_input_scale(const TokenFeatures& f, int group, in
   const FeatureGroup& g = f.groups[std::size_t(group)];
   PolicyInputScale s;
   s.rows = g.rows();
-  const double norm_sum =
-      f.group_value_norm_sum.size() == f.groups.size()
-          ? f.group_value_norm_sum[std::size_t(group)]  // gather_features summed it
-          : value_norm_sum(f.x.data() + std::size_t(g.row_begin) * kNumFeatures + int(Feature::value_norm),
-                           s.rows, kNumFeatures);
+  double norm_sum = 0.0;  // an empty group has none
+  if (f.group_value_norm_sum.size() == f.groups.size())
+    norm_sum = f.group_value_norm_sum[std::size_t(group)];  // gather_features summed it
+  else if (s.rows > 0)
+    norm_sum = value_norm_sum(f.x.data() + std::size_t(g.row_begin) * kNumFeatures + int(Feature::value_norm),
+                              s.rows, kNumFeatures);
   s.mean_value_norm = s.rows > 0 ? float(norm_sum / s.rows) : 0.0f;
   s.entropy_scale = math::input_entropy_scale(s.rows);
   s.depth = math::input_depth(g.layer_begin, g.layer_end, layers);
