@@ -48,10 +48,17 @@ void compact_groups(const Context<B>& ctx, KVCache<B>& cache, const TokenFeature
   }
   // The moves: layers are independent, and on the CPU they run in parallel (one thread moving
   // every layer's K/V rows was a third of a decode-time eviction: the kept rows after the first
-  // evicted slot all shift).
-  DC_OMP(parallel for schedule(dynamic) if (std::same_as<B, cpu> && layers > 1))
-  for (int l = 0; l < layers; ++l)
+  // evicted slot all shift). Other backends queue their copies in order, outside any OpenMP
+  // region, so that an error they raise reaches the caller as a dc::Error.
+  auto move = [&](int l) {
     if (evictable[std::size_t(l)]) cache.move_heads(ctx, l, flat[std::size_t(l)]);
+  };
+  if constexpr (std::same_as<B, cpu>) {
+    DC_OMP(parallel for schedule(dynamic) if (layers > 1))
+    for (int l = 0; l < layers; ++l) move(l);
+  } else {
+    for (int l = 0; l < layers; ++l) move(l);
+  }
   cache.trim_to_windows(ctx);
 }
 

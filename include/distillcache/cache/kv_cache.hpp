@@ -326,7 +326,7 @@ class KVCache {
 
   // compact_heads' moves alone, for a keep-set check_heads_keep accepted. Touches only layer l
   // (its K/V, statistics and positions), so the layers of one eviction may move in parallel on
-  // the CPU; it throws nothing.
+  // the CPU, where it throws nothing.
   void move_heads(const Context<B>& ctx, int layer, std::span<const std::int32_t> keep) {
     const int count = int(keep.size() / std::size_t(kv_heads_));
     if (count == length(layer)) return;  // strictly ascending and complete: nothing moves
