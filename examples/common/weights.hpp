@@ -20,7 +20,7 @@ inline constexpr const char* kWeightDtypeHelp =
 
 inline const std::vector<std::string> kKvDtypes = {"f32", "bf16"};
 inline constexpr const char* kKvDtypeHelp =
-    "KV cache storage: f32, or bf16 (half the bytes attention reads per token; CPU only)";
+    "KV cache storage: f32, or bf16 (half the bytes attention reads per token)";
 inline dc::DType kv_dtype(const std::string& name) { return name == "bf16" ? dc::DType::bf16 : dc::DType::f32; }
 
 // A line for reports: "f32 weights", "gguf weights (the file's blocks)".

@@ -197,7 +197,11 @@ int main(int argc, char** argv) {
   app.add_option("--csv", csv_path, "write the results as CSV here");
   app.add_option("--batch", batch, "decoders stepped as one batch (the teacher counts; each holds a "
                  "KV cache of --context + --continuation tokens)")->check(integer_in(1, 4096));
-  std::string granularities_arg = "shared", keep_sets_path;
+  std::string granularities_arg = "shared", keep_sets_path, per_context_path;
+  app.add_option("--per-context", per_context_path,
+                 "write every student's KL, top-1 agreement and perplexity ratio on each context as CSV "
+                 "(policy,granularity,budget,context,kl_mean,top1_agreement,ppl_ratio,n_steps): paired "
+                 "comparisons between policies on the same contexts (bench/paired_kl.py)");
   app.add_option("--keep-sets", keep_sets_path,
                  "write every student's kept positions after the prompt's compression as CSV "
                  "(policy,granularity,budget,context,layer,kv_head,positions)");
@@ -269,8 +273,11 @@ int main(int argc, char** argv) {
     // existing file nor leaves a new one behind.
     if (!csv_path.empty()) check_writable(csv_path, "--csv");
     if (!keep_sets_path.empty()) check_writable(keep_sets_path, "--keep-sets");
+    if (!per_context_path.empty()) check_writable(per_context_path, "--per-context");
     DC_CHECK(!tasks_arg.empty() || (answers_path.empty() && prompts_path.empty()),
              "--answers and --task-prompts write task answers and prompts: they need --task");
+    DC_CHECK(tasks_arg.empty() || per_context_path.empty(),
+             "--per-context writes the contexts of --text: with --task, --answers has every sample");
     if (!answers_path.empty()) check_writable(answers_path, "--answers");
     if (!prompts_path.empty()) check_writable(prompts_path, "--task-prompts");
 
@@ -344,8 +351,15 @@ int main(int argc, char** argv) {
             }
         });
       }
+      std::ofstream per_context_csv;
+      if (!per_context_path.empty()) {
+        per_context_csv.open(per_context_path);
+        DC_CHECK(per_context_csv, "--per-context: cannot write '", per_context_path, "'");
+        per_context_csv << "policy,granularity,budget,context,kl_mean,top1_agreement,ppl_ratio,n_steps\n";
+      }
       for (std::size_t c = 0; c < windows.size(); ++c) {
         context_index = c;
+        const std::vector<dc::FidelityTotals> before = eval.totals();  // this context's = after - before
         const std::span<const std::int32_t> w(windows[c]);
         if (oracle) oracle->prepare(model, w.first(std::size_t(context)), w.subspan(std::size_t(context)), granularities);
         eval.add_context(w.first(std::size_t(context)), w.subspan(std::size_t(context)), [&](std::size_t i) {
@@ -357,8 +371,23 @@ int main(int argc, char** argv) {
                        c + 1, windows.size(), policy_names[p].c_str(), ran_at, fractions[b], secs, eta);
           std::fflush(stderr);
         });
+        if (per_context_csv.is_open()) {
+          const auto& after = eval.totals();
+          for (std::size_t i = 0; i < after.size(); ++i) {
+            const dc::FidelityTotals t = dc::difference(after[i], before[i]);
+            const auto [p, ran_at, b] = name_of(i);
+            per_context_csv << policy_names[p] << ',' << ran_at << ',' << fractions[b] << ',' << c << ','
+                            << t.kl_mean() << ',' << t.top1_agreement() << ',' << t.ppl_ratio() << ',' << t.steps
+                            << '\n';
+          }
+          per_context_csv.flush();  // a long run's finished contexts are on disk as it goes
+        }
       }
       std::fprintf(stderr, "\n");
+      if (per_context_csv.is_open()) {
+        per_context_csv.close();
+        DC_CHECK(per_context_csv, "--per-context: writing '", per_context_path, "' failed");
+      }
       if (keep_sets.is_open()) {
         keep_sets.close();
         DC_CHECK(keep_sets, "--keep-sets: writing '", keep_sets_path, "' failed");

@@ -100,8 +100,6 @@ int main(int argc, char** argv) {
     DC_CHECK(!prompt_text.empty() || !tokens.empty(), "give a prompt: --prompt TEXT or --tokens IDS");
     DC_CHECK(opt.device != "cuda" || opt.dtype == "f32" || opt.dtype == "bf16", "--dtype ", opt.dtype,
              ": quantized weights are CPU only; --device cuda takes f32 or bf16");
-    DC_CHECK(opt.device != "cuda" || opt.kv_dtype == "f32",
-             "--kv-dtype bf16: the bf16 KV cache is CPU only so far; --device cuda takes f32");
 #if !defined(DC_WITH_CUDA)
     DC_CHECK(opt.device != "cuda",
              "--device cuda: this build of generate has no CUDA backend (configure with nvcc available)");

@@ -15,10 +15,12 @@
 #include <random>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <distillcache/distillcache.cuh>
 
+#include "../support/cached_positions.hpp"
 #include "../support/cuda_compare.cuh"
 #include "../support/random.hpp"
 
@@ -46,33 +48,7 @@ using dc_test::download;
 using dc_test::normalised_error;
 using dc_test::upload;
 
-// Positions of len cached slots per KV head, [kv_heads, capacity]: 0..len-1 in every head, or
-// (compacted) per head its own sorted random subset of 0..2*len-n-1 followed by the n newest
-// positions 2*len-n..2*len-1 (the chunk's own tokens, in every head), as a cache looks after
-// per-head eviction. query_pos: those n newest positions.
-struct CachedPositions {
-  std::vector<std::int32_t> key_pos, query_pos;
-};
-CachedPositions cached_positions(int len, int capacity, int kv_heads, int n, bool compacted) {
-  CachedPositions c;
-  c.key_pos.assign(std::size_t(kv_heads) * capacity, 0);
-  for (int h = 0; h < kv_heads; ++h) {
-    std::int32_t* head = c.key_pos.data() + std::size_t(h) * capacity;
-    if (compacted) {
-      std::mt19937 rng(70 + unsigned(len) + 1000u * unsigned(h));
-      std::vector<std::int32_t> older(static_cast<std::size_t>(2 * len - n));
-      std::iota(older.begin(), older.end(), 0);
-      std::shuffle(older.begin(), older.end(), rng);
-      std::sort(older.begin(), older.begin() + (len - n));
-      std::copy(older.begin(), older.begin() + (len - n), head);
-      for (int i = 0; i < n; ++i) head[len - n + i] = 2 * len - n + i;
-    } else {
-      std::iota(head, head + len, 0);
-    }
-  }
-  c.query_pos.assign(c.key_pos.begin() + (len - n), c.key_pos.begin() + len);
-  return c;
-}
+using dc_test::cached_positions;
 
 }  // namespace
 
@@ -375,9 +351,10 @@ dc::HostWeights random_weights(const dc::ModelConfig& cfg, unsigned seed, bool r
   return w;
 }
 
-// Prefill 20 tokens as calls of 13 and 7 (all logits), then 5 single-token decode steps.
+// Prefill 20 tokens as calls of 13 and 7 (all logits), then 5 single-token decode steps; both
+// models keep K/V as kv_type.
 template <class W>
-void check_transformer(int max_chunk, float tolerance) {
+void check_transformer(int max_chunk, float tolerance, dc::DType kv_type = dc::DType::f32) {
   const dc::ModelConfig cfg = tiny_config();
   constexpr unsigned kSeed = 1234;
   dc::Transformer<dc::cpu> reference(cfg, random_weights(cfg, kSeed, std::is_same_v<W, dc::bf16>),
@@ -388,6 +365,8 @@ void check_transformer(int max_chunk, float tolerance) {
     device_weights = dc::upload_weights<W>(random_weights(cfg, kSeed, false), upload_ctx);
   }
   dc::Transformer<dc::cuda, W> model(cfg, std::move(device_weights), max_chunk);
+  reference.set_kv_type(kv_type);
+  model.set_kv_type(kv_type);
 
   std::mt19937 rng(7);
   std::uniform_int_distribution<std::int32_t> token(0, cfg.vocab_size - 1);
@@ -407,12 +386,20 @@ void check_transformer(int max_chunk, float tolerance) {
   step(all.subspan(13, 7), dc::LogitsFor::all);
   for (int i = 20; i < 25; ++i) step(all.subspan(std::size_t(i), 1), dc::LogitsFor::last);
   CHECK(cache_gpu.length() == 25);
+  CHECK(cache_gpu.kv_type() == kv_type);
 }
 
 }  // namespace
 
 TEST_CASE("Transformer<cuda, float> matches Transformer<cpu>: chunked prefill then decode") {
   check_transformer<float>(16, 1e-4f);
+}
+
+// Both backends round K/V to bf16 by the same rule, but from fp32 rows that differ by rounding,
+// so an element near a rounding boundary may land one bf16 step (2^-8 relative) apart: a looser
+// tolerance than fp32's (the op-level tests in test_cuda_kv_bf16.cu compare exact bits).
+TEST_CASE("Transformer<cuda, float> with a bf16 KV cache matches the CPU's bf16 cache") {
+  check_transformer<float>(16, 1e-3f, dc::DType::bf16);
 }
 
 // Batched decoding: three sequences of 5, 9 and 13 prompt tokens (one compacted to a shared
@@ -704,7 +691,7 @@ TEST_CASE("cuda kv_compact moves K, V and statistics rows exactly like the CPU")
 }
 
 TEST_CASE("cuda kv_compact batches long caches without races") {
-  // 8 KV heads x 128 dims + 38 statistics rows = 8.3 KB per slot: 20000 moved slots span
+  // 8 KV heads x (K and V: 2 x 128 floats, and 10 statistics rows) = 8.3 KiB per slot: 20000 moved slots span
   // several 64 MiB scratch batches, and the keep-set's gaps are 1 (sources overlap destinations).
   const int len = 20000, cap = 20000;
   std::vector<std::int32_t> keep;
@@ -722,10 +709,19 @@ struct StatsCase {
   int n, len, heads, kv_heads, head_dim, window;
   bool compacted;      // key positions: per KV head its own sorted random subset of [0, 2*len)
   int first_observed;  // queries t >= first_observed are observed
-  int offset = 0;      // K/V cache pointers start this many floats into their buffers
+  int offset = 0;      // K/V cache pointers start this many elements into their buffers
   float tolerance = 2e-5f;
 };
 
+// K/V as a cache of storage type KV holds them: fp32, or rounded to bf16.
+template <class KV>
+std::vector<KV> as_storage(const std::vector<float>& v) {
+  if constexpr (std::is_same_v<KV, float>) return v;
+  else return to_bf16_vector(v);
+}
+
+// KV: the storage type of the cache on both sides (the CPU widens bf16 exactly, as the GPU).
+template <class KV = float>
 void check_attention_stats(const StatsCase& c) {
   CAPTURE(c.name);
   Gpu ctx;
@@ -738,13 +734,13 @@ void check_attention_stats(const StatsCase& c) {
   const auto [key_pos, query_pos] = cached_positions(c.len, capacity, c.kv_heads, c.n, c.compacted);
 
   const std::size_t cache_size = std::size_t(c.kv_heads) * capacity * c.head_dim;
-  auto kc = random_vector(cache_size, 80, 1.5f);
-  auto vc = random_vector(cache_size, 81);
+  auto kc = as_storage<KV>(random_vector(cache_size, 80, 1.5f));
+  auto vc = as_storage<KV>(random_vector(cache_size, 81));
   for (int h = 0; h < c.kv_heads; ++h)  // slots past len hold NaN: they must never be read
     for (int j = c.len; j < capacity; ++j)
       for (int i = 0; i < c.head_dim; ++i) {
         const std::size_t idx = (std::size_t(h) * capacity + j) * c.head_dim + i;
-        kc[idx] = vc[idx] = std::numeric_limits<float>::quiet_NaN();
+        kc[idx] = vc[idx] = dc::from_float<KV>(std::numeric_limits<float>::quiet_NaN());
       }
   const auto q = random_vector(std::size_t(c.n) * c.heads * c.head_dim, 82, 1.5f);
   // Earlier accumulations: attention must add to them (and overwrite kStatLastMass).
@@ -756,8 +752,8 @@ void check_attention_stats(const StatsCase& c) {
                 query_pos.data(), c.n, s, dc::AttentionStats{want_stats.data(), c.first_observed});
 
   auto q_d = upload(ctx, q);
-  kc.insert(kc.begin(), std::size_t(c.offset), 0.0f);
-  vc.insert(vc.begin(), std::size_t(c.offset), 0.0f);
+  kc.insert(kc.begin(), std::size_t(c.offset), KV{});
+  vc.insert(vc.begin(), std::size_t(c.offset), KV{});
   auto kc_d = upload(ctx, kc);
   auto vc_d = upload(ctx, vc);
   auto kp_d = upload(ctx, key_pos);
@@ -805,6 +801,23 @@ TEST_CASE("cuda attention statistics match the CPU: decode, chunks, windows, GQA
       {"decode at 32k, GQA 4, hd 64", 1, 32768, 8, 2, 64, 0, false, 0, 0, 1e-4f},
   };
   for (const auto& c : cases) check_attention_stats(c);
+}
+
+TEST_CASE("cuda attention over a bf16 cache matches the CPU's, statistics included") {
+  // The 16-byte (8 x bf16) tile loads at hd 64 and 128, the scalar loads of the padded and the
+  // unaligned variants, the split path with its combine, compacted positions, unobserved rows.
+  const StatsCase cases[] = {
+      {"Mistral decode, GQA 4, hd 128, window 4096 (split)", 1, 4100, 32, 8, 128, 4096, false, 0},
+      {"decode not observed, GQA 3, hd 64", 1, 3000, 6, 2, 64, 0, false, 1},
+      {"compacted chunk 16, GQA 3, hd 64, window 700, from 10", 16, 1500, 6, 2, 64, 700, true, 10},
+      {"chunk 64, GQA 4, hd 64, len 3000, from 0", 64, 3000, 32, 8, 64, 0, false, 0},
+      {"Mistral chunk 128 (one split), hd 128, none observed", 128, 600, 32, 8, 128, 0, false, 128},
+      {"hd 80 (padded to 128), GQA 2, from 1", 3, 777, 4, 2, 80, 0, false, 1},
+      {"hd 16 (padded), MHA, window 100, from 5", 16, 2000, 4, 4, 16, 100, false, 5},
+      {"short cache shorter than a tile", 5, 5, 3, 1, 64, 0, false, 2},
+      {"unaligned K/V by one bf16 (scalar loads), from 2", 4, 500, 4, 2, 64, 0, false, 2, 1},
+  };
+  for (const auto& c : cases) check_attention_stats<dc::bf16>(c);
 }
 
 TEST_CASE("cuda attention statistics of queries that see no key are zero, like the CPU") {

@@ -151,10 +151,16 @@ good "eval --help" eval -- --help
 good "generate, tiny model" generate -- "${G[@]}" --max-new-tokens 2
 if needs_model "eval, SmolLM2"; then
   good "eval, SmolLM2" eval -- --model "$model" --text "words" --context 16 --continuation 4 \
-    --max-contexts 1 --policy streaming --budget 0.5 --csv "ok.csv"
+    --max-contexts 1 --policy streaming --budget 0.5 --csv "ok.csv" --per-context "per_context.csv"
   if [ "$(wc -l < ok.csv 2> /dev/null)" != 2 ]; then
     failures=$((failures + 1))
     echo "FAIL: control 'eval, SmolLM2' did not write a CSV header and one row" >&2
+  fi
+  # One context: its row's KL is the whole run's (the same sum over the same steps).
+  if [ "$(sed -n 2p per_context.csv 2> /dev/null | cut -d, -f5)" != "$(sed -n 2p ok.csv | cut -d, -f4)" ] ||
+     [ "$(wc -l < per_context.csv)" != 2 ]; then
+    failures=$((failures + 1))
+    echo "FAIL: control 'eval, SmolLM2': --per-context's one row does not give the run's KL" >&2
   fi
 fi
 
@@ -194,7 +200,6 @@ bad "--dtype bogus"                       generate 2 "--dtype"            -- "${
 bad "--dtype q4_1 on cuda"                generate 1 "CPU only"           -- "${G[@]}" --dtype q4_1 --device cuda
 bad "--dtype gguf, not a GGUF model"      generate 1 "not a GGUF file"    -- "${G[@]}" --dtype gguf
 bad "--kv-dtype bogus"                    generate 2 "--kv-dtype"         -- "${G[@]}" --kv-dtype f16
-bad "--kv-dtype bf16 on cuda"             generate 1 "CPU only"           -- "${G[@]}" --kv-dtype bf16 --device cuda
 bad "--policy unknown"                    generate 1 "unknown policy"     -- "${G[@]}" --policy lru
 bad "--budget 0"                          generate 1 "budget"             -- "${G[@]}" --policy h2o --budget 0
 bad "--budget negative"                   generate 1 "budget"             -- "${G[@]}" --policy h2o --budget -0.5
@@ -284,6 +289,8 @@ bad "--task, model without chat template" eval 1 "chat_template"         -- "${K
 bad "--task-prompts in a missing folder"  eval 1 "--task-prompts"        -- "${K[@]}" --task-prompts /nonexistent/p.csv
 bad "--answers in a missing folder"       eval 1 "--answers"             -- "${K[@]}" --answers /nonexistent/a.csv
 bad "--answers without --task"            eval 1 "need --task"           -- "${E[@]}" --answers a.csv
+bad "--per-context with --task"           eval 1 "--per-context writes"  -- "${K[@]}" --per-context c.csv
+bad "--per-context in a missing folder"   eval 1 "--per-context"         -- "${E[@]}" --per-context /nonexistent/c.csv
 if needs_model "eval --task: SmolLM2 cases"; then
   bad "--lengths too short for the task (SmolLM2)" eval 1 "too short for task" -- --model "$model" --task niah_single_1 --lengths 200
   bad "--words missing (SmolLM2)"         eval 1 "cannot be read"        -- --model "$model" --task niah_single_1 --words none.txt

@@ -19,7 +19,7 @@
 // lengths (length(l)).
 //
 // Storage type (kv_type()): K and V are fp32 (the default) or bf16 (half the bytes a decode step
-// reads at long context; CPU only so far: the CUDA attention kernels read fp32). keys(l) and
+// reads at long context), on every backend. keys(l) and
 // values(l) are the fp32 view; keys_as<T>(l) any, and with_kv(l, fn) calls fn with the pointers
 // of whichever type the cache holds, which is how the ops (templates on the storage type) are
 // reached. Positions and statistics are fp32/int32 whatever K and V are.
@@ -85,8 +85,6 @@ class KVCache {
   static void check_kv_type(DType kv_type) {
     DC_CHECK(kv_type == DType::f32 || kv_type == DType::bf16, "KV cache: storage type ", dtype_name(kv_type),
              " is not supported (f32 or bf16)");
-    DC_CHECK((std::is_same_v<B, cpu>) || kv_type == DType::f32,
-             "KV cache: bf16 storage is CPU only so far (the CUDA attention reads fp32 K/V)");
   }
   KVCache(const CacheShape& shape, int capacity, DType kv_type = DType::f32)
       : layers_(shape.num_layers), heads_(shape.num_heads), kv_heads_(shape.num_kv_heads),
@@ -205,16 +203,12 @@ class KVCache {
   // fn(keys, values) with layer l's pointers of the storage type (float* or bf16*).
   template <class Fn>
   decltype(auto) with_kv(int layer, Fn&& fn) {
-    if constexpr (std::is_same_v<B, cpu>) {
-      if (kv_type_ == DType::bf16) return fn(keys_as<bf16>(layer), values_as<bf16>(layer));
-    }
+    if (kv_type_ == DType::bf16) return fn(keys_as<bf16>(layer), values_as<bf16>(layer));
     return fn(keys_as<float>(layer), values_as<float>(layer));
   }
   template <class Fn>
   decltype(auto) with_kv(int layer, Fn&& fn) const {
-    if constexpr (std::is_same_v<B, cpu>) {
-      if (kv_type_ == DType::bf16) return fn(keys_as<bf16>(layer), values_as<bf16>(layer));
-    }
+    if (kv_type_ == DType::bf16) return fn(keys_as<bf16>(layer), values_as<bf16>(layer));
     return fn(keys_as<float>(layer), values_as<float>(layer));
   }
   // The layer's whole statistics block; KV head h's rows start at h * stat_rows() * capacity().

@@ -25,6 +25,9 @@
 //     window) is skipped before its K/V are loaded, so windows cost only the keys they see.
 // head_dim is a compile-time constant (64, 128) or padded up to 64/128/256 with zeros (generic
 // fallback), so the inner loops are fully unrolled; DC_DISPATCH_HEAD_DIM picks the variant.
+// K/V are stored as KV (float, or bf16: half the bytes a long-context decode step reads); a tile
+// is widened to fp32 as it is staged in shared memory, so everything after the load is the same
+// code for both (the CPU widens each bf16 element the same way: exactly).
 //
 // Statistics (AttentionStats, math/features.hpp), fused without a second pass over K or V:
 //   - an observed row (t >= first_observed) also keeps sum_j e^(s_j - m) (s_j - m) next to its
@@ -42,6 +45,7 @@
 // The score scratch is observed*heads*len floats (prefill chunk of 64 observed queries, 32 heads
 // and 32k keys: 256 MiB of workspace), as the CPU keeps the same probabilities.
 #include <cstdint>
+#include <type_traits>
 
 #include <cuda_runtime.h>
 
@@ -88,11 +92,12 @@ namespace cuda_detail {
 inline constexpr int kAttnTileKeys = kWarpSize;  // one key per lane in the score phase
 inline constexpr int kAttnMinKeysPerSplit = 256;  // below this a split's fixed cost dominates
 
+template <class KV>
 struct AttentionParams {
   float* out;                      // [n, heads*head_dim]
   const float* q;                  // [n, heads*head_dim]
-  const float* k_cache;            // [kv_heads, capacity, head_dim]
-  const float* v_cache;            // [kv_heads, capacity, head_dim]
+  const KV* k_cache;               // [kv_heads, capacity, head_dim]
+  const KV* v_cache;               // [kv_heads, capacity, head_dim]
   const std::int32_t* key_pos;     // [kv_heads, capacity]
   const std::int32_t* query_pos;   // [n]
   float* part_o;                   // [splits, n*heads, head_dim] unnormalised partial outputs
@@ -133,6 +138,45 @@ __device__ __forceinline__ void load_smem(const float* p, float (&v)[VEC]) {
   }
 }
 
+// Stages one contiguous tile of `tile_keys` K/V rows of HEAD_DIM_CAP elements (head_dim ==
+// HEAD_DIM_CAP) into the fp32 shared-memory tiles (row stride kStride floats), zero rows past
+// tile_keys, with 16-byte loads: 4 floats or 8 bf16 (widened: element 2i is the low half of
+// 32-bit word i, little-endian). The source must be 16-byte aligned.
+template <int HEAD_DIM_CAP, int kStride, int kTile, int kThreads>
+__device__ __forceinline__ void stage_tile(float* ks, float* vs, const float* ksrc_row, const float* vsrc_row,
+                                           int tile_keys) {
+  constexpr int kRowVecs = HEAD_DIM_CAP / 4;
+  const float4* ksrc = reinterpret_cast<const float4*>(ksrc_row);
+  const float4* vsrc = reinterpret_cast<const float4*>(vsrc_row);
+  const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  for (int e = threadIdx.x; e < kTile * kRowVecs; e += kThreads) {
+    const int key = e / kRowVecs, c = e % kRowVecs;
+    const bool in = key < tile_keys;
+    *reinterpret_cast<float4*>(ks + key * kStride + 4 * c) = in ? ksrc[e] : zero;
+    *reinterpret_cast<float4*>(vs + key * kStride + 4 * c) = in ? vsrc[e] : zero;
+  }
+}
+__device__ __forceinline__ void store_widened(float* dst, uint4 w) {
+  *reinterpret_cast<float4*>(dst) = make_float4(__uint_as_float(w.x << 16), __uint_as_float(w.x & 0xffff0000u),
+                                                __uint_as_float(w.y << 16), __uint_as_float(w.y & 0xffff0000u));
+  *reinterpret_cast<float4*>(dst + 4) = make_float4(__uint_as_float(w.z << 16), __uint_as_float(w.z & 0xffff0000u),
+                                                    __uint_as_float(w.w << 16), __uint_as_float(w.w & 0xffff0000u));
+}
+template <int HEAD_DIM_CAP, int kStride, int kTile, int kThreads>
+__device__ __forceinline__ void stage_tile(float* ks, float* vs, const bf16* ksrc_row, const bf16* vsrc_row,
+                                           int tile_keys) {
+  constexpr int kRowVecs = HEAD_DIM_CAP / 8;
+  const uint4* ksrc = reinterpret_cast<const uint4*>(ksrc_row);
+  const uint4* vsrc = reinterpret_cast<const uint4*>(vsrc_row);
+  const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+  for (int e = threadIdx.x; e < kTile * kRowVecs; e += kThreads) {
+    const int key = e / kRowVecs, c = e % kRowVecs;
+    const bool in = key < tile_keys;
+    store_widened(ks + key * kStride + 8 * c, in ? ksrc[e] : zero);
+    store_widened(vs + key * kStride + 8 * c, in ? vsrc[e] : zero);
+  }
+}
+
 template <int HEAD_DIM_CAP, int ROWS>
 constexpr std::size_t attention_smem_bytes() {
   // K and V tiles with rows padded by 4 floats (keeps float4 alignment, and lane l's row starts
@@ -151,8 +195,8 @@ __device__ __forceinline__ float4 row_state(float max, float sum, float weighted
   return make_float4(max, inv, math::softmax_entropy(logf(sum), weighted * inv), 0.0f);
 }
 
-template <int HEAD_DIM_CAP, bool PADDED, int ROWS>
-__global__ void __launch_bounds__(ROWS * kWarpSize) attention_kernel(const AttentionParams p) {
+template <class KV, int HEAD_DIM_CAP, bool PADDED, int ROWS>
+__global__ void __launch_bounds__(ROWS * kWarpSize) attention_kernel(const AttentionParams<KV> p) {
   constexpr int kStride = HEAD_DIM_CAP + 4;
   constexpr int kTile = kAttnTileKeys;
   using Slice = LaneSlice<HEAD_DIM_CAP>;
@@ -181,8 +225,8 @@ __global__ void __launch_bounds__(ROWS * kWarpSize) attention_kernel(const Atten
   const int query_pos = active ? p.query_pos[t] : 0;
 
   const std::int64_t head_offset = std::int64_t(kvh) * p.capacity * hd;
-  const float* kh = p.k_cache + head_offset;
-  const float* vh = p.v_cache + head_offset;
+  const KV* kh = p.k_cache + head_offset;
+  const KV* vh = p.v_cache + head_offset;
   const std::int32_t* kp = p.key_pos + std::int64_t(kvh) * p.capacity;
   const int k_begin = split * p.keys_per_split;
   const int k_end = min(p.len, k_begin + p.keys_per_split);
@@ -201,24 +245,16 @@ __global__ void __launch_bounds__(ROWS * kWarpSize) attention_kernel(const Atten
     // Load the K/V tile; slots past k_end read as zero (never NaN garbage).
     const int tile_keys = min(kTile, k_end - tile);
     if constexpr (!PADDED) {
-      // Rows are contiguous (stride head_dim == HEAD_DIM_CAP): the tile is one float4 run.
-      constexpr int kRowVecs = HEAD_DIM_CAP / 4;
-      const float4* ksrc = reinterpret_cast<const float4*>(kh + std::int64_t(tile) * hd);
-      const float4* vsrc = reinterpret_cast<const float4*>(vh + std::int64_t(tile) * hd);
-      for (int e = threadIdx.x; e < kTile * kRowVecs; e += ROWS * kWarpSize) {
-        const int key = e / kRowVecs, c = e % kRowVecs;
-        const bool in = key < tile_keys;
-        const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        *reinterpret_cast<float4*>(ks + key * kStride + 4 * c) = in ? ksrc[e] : zero;
-        *reinterpret_cast<float4*>(vs + key * kStride + 4 * c) = in ? vsrc[e] : zero;
-      }
+      // Rows are contiguous (stride head_dim == HEAD_DIM_CAP): the tile is one 16-byte run.
+      stage_tile<HEAD_DIM_CAP, kStride, kTile, ROWS * kWarpSize>(ks, vs, kh + std::int64_t(tile) * hd,
+                                                                vh + std::int64_t(tile) * hd, tile_keys);
     } else {
       for (int e = threadIdx.x; e < kTile * HEAD_DIM_CAP; e += ROWS * kWarpSize) {
         const int key = e / HEAD_DIM_CAP, i = e % HEAD_DIM_CAP;
         const bool in = key < tile_keys && i < hd;
         const std::int64_t src = std::int64_t(tile + key) * hd + i;
-        ks[key * kStride + i] = in ? kh[src] : 0.0f;
-        vs[key * kStride + i] = in ? vh[src] : 0.0f;
+        ks[key * kStride + i] = in ? load_float(kh + src) : 0.0f;
+        vs[key * kStride + i] = in ? load_float(vh + src) : 0.0f;
       }
     }
     __syncthreads();
@@ -386,8 +422,8 @@ struct WorkspaceCarver {
   }
 };
 
-template <int HEAD_DIM_CAP, bool PADDED, int ROWS>
-void launch_attention(const Context<cuda>& ctx, AttentionParams p, int kv_heads,
+template <class KV, int HEAD_DIM_CAP, bool PADDED, int ROWS>
+void launch_attention(const Context<cuda>& ctx, AttentionParams<KV> p, int kv_heads,
                       AttentionStats stats) {
   const int row_blocks = int(ceil_div(p.rows, ROWS));
   // Split the keys only when the (row block, KV head) grid cannot fill the GPU twice over.
@@ -430,7 +466,7 @@ void launch_attention(const Context<cuda>& ctx, AttentionParams p, int kv_heads,
   }
 
   constexpr std::size_t kSmem = attention_smem_bytes<HEAD_DIM_CAP, ROWS>();
-  auto kernel = attention_kernel<HEAD_DIM_CAP, PADDED, ROWS>;
+  auto kernel = attention_kernel<KV, HEAD_DIM_CAP, PADDED, ROWS>;
   if constexpr (kSmem > 48 * 1024)  // opt in to more than the default 48 KiB of dynamic smem
     DC_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
@@ -460,12 +496,13 @@ void launch_attention(const Context<cuda>& ctx, AttentionParams p, int kv_heads,
 // out[n, heads*head_dim] = softmax(q K^T * scale + mask) V, per query head; with stats.block
 // (device, [kv_heads, stat_rows_per_kv_head(group), capacity]) accumulates the statistics of the
 // observed queries t >= stats.first_observed, as the CPU overload. All pointers are device
-// pointers; key_pos is [kv_heads, capacity] (head g's slots at key_pos + g * capacity), query_pos
-// has n entries.
-inline void attention(const Context<cuda>& ctx, float* out, const float* q, const float* k_cache,
-                      const float* v_cache, const std::int32_t* key_pos, int len,
-                      const std::int32_t* query_pos, int n, const AttentionShape& s,
-                      AttentionStats stats = {}) {
+// pointers; K/V are stored as KV (float or bf16); key_pos is [kv_heads, capacity] (head g's
+// slots at key_pos + g * capacity), query_pos has n entries.
+template <class KV>
+void attention(const Context<cuda>& ctx, float* out, const float* q, const KV* k_cache,
+               const KV* v_cache, const std::int32_t* key_pos, int len, const std::int32_t* query_pos, int n,
+               const AttentionShape& s, AttentionStats stats = {}) {
+  static_assert(std::is_same_v<KV, float> || std::is_same_v<KV, bf16>, "CUDA K/V are stored as float or bf16");
   if (n <= 0) return;
   DC_CHECK(s.num_heads > 0 && s.num_kv_heads > 0 && s.num_heads % s.num_kv_heads == 0,
            "attention: ", s.num_heads, " query heads are not a multiple of ", s.num_kv_heads,
@@ -480,7 +517,7 @@ inline void attention(const Context<cuda>& ctx, float* out, const float* q, cons
   // Observed queries are t in [first_observed, n); none observed means no statistics work.
   stats.first_observed = stats.first_observed < 0 ? 0 : stats.first_observed;
   if (stats.first_observed >= n) stats.block = nullptr;
-  cuda_detail::AttentionParams p{};
+  cuda_detail::AttentionParams<KV> p{};
   p.out = out;
   p.q = q;
   p.k_cache = k_cache;
@@ -497,20 +534,21 @@ inline void attention(const Context<cuda>& ctx, float* out, const float* q, cons
   p.scale = s.scale;
   p.rows = n * p.group;
   const bool few_rows = p.rows <= 4;  // decode with small groups: 4 warps, else 8 per block
-  // The exact-width variants load K/V tiles with float4; caches from Buffer<float, cuda> are
-  // 256-byte aligned, but a caller's offset pointer may not be, and then the scalar-load
-  // (padded) variant of the same width serves it.
+  // The exact-width variants load K/V tiles 16 bytes at a time; caches from Buffer<T, cuda> are
+  // 256-byte aligned (and a tile of 32 rows of 64 or 128 elements starts 16-byte aligned), but a
+  // caller's offset pointer may not be, and then the scalar-load (padded) variant of the same
+  // width serves it.
   const bool aligned = (reinterpret_cast<std::uintptr_t>(k_cache) |
                         reinterpret_cast<std::uintptr_t>(v_cache)) % 16 == 0;
   DC_DISPATCH_HEAD_DIM(s.head_dim, HEAD_DIM_CAP, PADDED, [&] {
     using namespace cuda_detail;
     const int kvh = s.num_kv_heads;
     if (!PADDED && !aligned) {
-      if (few_rows) return launch_attention<HEAD_DIM_CAP, true, 4>(ctx, p, kvh, stats);
-      return launch_attention<HEAD_DIM_CAP, true, 8>(ctx, p, kvh, stats);
+      if (few_rows) return launch_attention<KV, HEAD_DIM_CAP, true, 4>(ctx, p, kvh, stats);
+      return launch_attention<KV, HEAD_DIM_CAP, true, 8>(ctx, p, kvh, stats);
     }
-    if (few_rows) return launch_attention<HEAD_DIM_CAP, PADDED, 4>(ctx, p, kvh, stats);
-    return launch_attention<HEAD_DIM_CAP, PADDED, 8>(ctx, p, kvh, stats);
+    if (few_rows) return launch_attention<KV, HEAD_DIM_CAP, PADDED, 4>(ctx, p, kvh, stats);
+    return launch_attention<KV, HEAD_DIM_CAP, PADDED, 8>(ctx, p, kvh, stats);
   });
 }
 

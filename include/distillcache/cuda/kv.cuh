@@ -41,9 +41,10 @@ namespace cuda_detail {
 
 inline constexpr std::size_t kCompactBatchBytes = std::size_t(64) << 20;
 
-template <class T>
-__global__ void kv_write_kernel(T* DC_RESTRICT k_cache, T* DC_RESTRICT v_cache,
-                                const T* DC_RESTRICT k, const T* DC_RESTRICT v,
+// KV is the cache's storage type (float, or bf16 rounded to nearest even as on the CPU).
+template <class KV>
+__global__ void kv_write_kernel(KV* DC_RESTRICT k_cache, KV* DC_RESTRICT v_cache,
+                                const float* DC_RESTRICT k, const float* DC_RESTRICT v,
                                 std::int64_t count, int first, int kv_heads, int head_dim,
                                 int capacity) {
   const std::int64_t stride = std::int64_t(gridDim.x) * blockDim.x;
@@ -55,14 +56,15 @@ __global__ void kv_write_kernel(T* DC_RESTRICT k_cache, T* DC_RESTRICT v_cache,
     const int h = int(th % kv_heads);
     const std::int64_t t = th / kv_heads;
     const std::int64_t dst = (std::int64_t(h) * capacity + first + t) * head_dim + i;
-    k_cache[dst] = k[e];
-    v_cache[dst] = v[e];
+    store_float(k_cache + dst, k[e]);
+    store_float(v_cache + dst, v[e]);
   }
 }
 
 // Statistics of the new slots: one warp per token t (WARPS per block). Zeroes every row of slot
 // first + t of every KV head and records the L2 norms of that head's k and v rows. Reads the
-// chunk's k/v (not the cache), so it needs no ordering with kv_write_kernel.
+// chunk's fp32 k/v (not the cache), so it needs no ordering with kv_write_kernel and the norms do
+// not depend on the storage type (as on the CPU).
 template <int WARPS>
 __global__ void __launch_bounds__(WARPS * kWarpSize)
     kv_write_stats_kernel(float* DC_RESTRICT stats, const float* DC_RESTRICT k,
@@ -89,21 +91,29 @@ __global__ void __launch_bounds__(WARPS * kWarpSize)
   }
 }
 
+// Bytes of scratch one destination slot needs: its K and V rows (storage type KV) and its
+// statistics rows (fp32), for every KV head.
+template <class KV>
+constexpr std::size_t compact_row_bytes(int kv_heads, int head_dim, int rows) {
+  return std::size_t(kv_heads) * (std::size_t(2) * head_dim * sizeof(KV) + std::size_t(rows) * sizeof(float));
+}
+
 // Moves a batch of `count` destinations of every KV head between the cache (destination slots
-// first..first+count, or source slots src_slot[h * src_stride + i]) and the scratch
-// [kv_heads, count, head_dim] x2 + [kv_heads, rows, count].
+// first..first+count, or source slots src_slot[h * src_stride + i]) and the scratch:
+// K [kv_heads, count, head_dim] and V (both KV), then statistics [kv_heads, rows, count] (fp32;
+// 4-byte aligned after the K/V part, whose element count is even). Bits are moved, not values.
 // kGather: cache[src slot] -> scratch[i]; else scratch[i] -> cache[first + i].
-template <bool kGather>
-__global__ void kv_compact_kernel(float* DC_RESTRICT k_cache, float* DC_RESTRICT v_cache,
-                                  float* DC_RESTRICT stats, float* DC_RESTRICT scratch,
+template <class KV, bool kGather>
+__global__ void kv_compact_kernel(KV* DC_RESTRICT k_cache, KV* DC_RESTRICT v_cache,
+                                  float* DC_RESTRICT stats, void* DC_RESTRICT scratch,
                                   const std::int32_t* DC_RESTRICT src_slot, int src_stride,
                                   int count, int first, int kv_heads, int head_dim, int rows,
                                   int capacity) {
   const std::int64_t kv_count = std::int64_t(kv_heads) * count * head_dim;
   const std::int64_t total = 2 * kv_count + std::int64_t(kv_heads) * rows * count;
-  float* const scratch_k = scratch;
-  float* const scratch_v = scratch + kv_count;
-  float* const scratch_s = scratch + 2 * kv_count;
+  KV* const scratch_k = static_cast<KV*>(scratch);
+  KV* const scratch_v = scratch_k + kv_count;
+  float* const scratch_s = reinterpret_cast<float*>(scratch_v + kv_count);
   const std::int64_t stride = std::int64_t(gridDim.x) * blockDim.x;
   for (std::int64_t e = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total;
        e += stride) {
@@ -115,8 +125,8 @@ __global__ void kv_compact_kernel(float* DC_RESTRICT k_cache, float* DC_RESTRICT
       const int i = int(hi % count);
       const std::int64_t h = hi / count;
       const int slot = kGather ? src_slot[h * src_stride + i] : first + i;
-      float* cache = is_v ? v_cache : k_cache;
-      float* buf = is_v ? scratch_v : scratch_k;
+      KV* cache = is_v ? v_cache : k_cache;
+      KV* buf = is_v ? scratch_v : scratch_k;
       const std::int64_t c = (h * capacity + slot) * head_dim + d;
       if constexpr (kGather) buf[f] = cache[c];
       else cache[c] = buf[f];
@@ -134,19 +144,20 @@ __global__ void kv_compact_kernel(float* DC_RESTRICT k_cache, float* DC_RESTRICT
 
 }  // namespace cuda_detail
 
-// Writes the chunk's k/v rows [n, kv_heads*head_dim] into cache slots [first, first + n) and,
-// with a statistics block (device, [kv_heads, rows, capacity]), resets the new slots'
-// accumulators and records each KV head's K/V norms, as the CPU overload.
-inline void kv_write(const Context<cuda>& ctx, float* k_cache, float* v_cache, const float* k,
-                     const float* v, int n, int first, const AttentionShape& s,
-                     float* stats = nullptr) {
+// Writes the chunk's k/v rows [n, kv_heads*head_dim] into cache slots [first, first + n),
+// stored as KV (float, or bf16 rounded to nearest even) and, with a statistics block (device,
+// [kv_heads, rows, capacity]), resets the new slots' accumulators and records each KV head's K/V
+// norms (of the fp32 rows), as the CPU overload.
+template <class KV>
+void kv_write(const Context<cuda>& ctx, KV* k_cache, KV* v_cache, const float* k, const float* v,
+              int n, int first, const AttentionShape& s, float* stats = nullptr) {
   if (n <= 0) return;
   DC_CHECK(first >= 0 && first + n <= s.capacity, "kv_write of slots [", first, ", ", first + n,
            ") outside capacity ", s.capacity);
   const std::int64_t count = std::int64_t(n) * s.num_kv_heads * s.head_dim;
   constexpr int kThreads = 256;
   const unsigned grid = cuda_detail::grid_for(count, kThreads, 8 * ctx.sm_count());
-  cuda_detail::kv_write_kernel<float><<<grid, kThreads, 0, ctx.stream()>>>(
+  cuda_detail::kv_write_kernel<KV><<<grid, kThreads, 0, ctx.stream()>>>(
       k_cache, v_cache, k, v, count, first, s.num_kv_heads, s.head_dim, s.capacity);
   DC_CUDA_CHECK_LAUNCH("kv_write_kernel");
   if (!stats) return;
@@ -160,11 +171,13 @@ inline void kv_write(const Context<cuda>& ctx, float* k_cache, float* v_cache, c
 
 // Per-head compaction: KV head h keeps slots keep[h*count] < ... (host span [kv_heads, count],
 // strictly ascending per head, each < capacity) of k_cache/v_cache [kv_heads, capacity, head_dim]
-// and of its rows_of_stats rows of stats [kv_heads, rows_of_stats, capacity] (device pointers;
-// stats may be null). Slots past count keep stale data, as on the CPU.
-inline void kv_compact(const Context<cuda>& ctx, float* k_cache, float* v_cache, float* stats,
-                       int kv_heads, int head_dim, int rows_of_stats, int capacity,
-                       std::span<const std::int32_t> keep, int count) {
+// (storage type KV: float or bf16) and of its rows_of_stats rows of stats
+// [kv_heads, rows_of_stats, capacity] (device pointers; stats may be null). Slots past count keep
+// stale data, as on the CPU.
+template <class KV>
+void kv_compact(const Context<cuda>& ctx, KV* k_cache, KV* v_cache, float* stats, int kv_heads,
+                int head_dim, int rows_of_stats, int capacity, std::span<const std::int32_t> keep,
+                int count) {
   DC_CHECK(count >= 0 && count <= capacity && keep.size() == std::size_t(kv_heads) * count,
            "kv_compact: ", keep.size(), " keep entries for ", kv_heads, " kv heads of ", count,
            " slots (capacity ", capacity, ")");
@@ -187,19 +200,18 @@ inline void kv_compact(const Context<cuda>& ctx, float* k_cache, float* v_cache,
   if (!stats) rows_of_stats = 0;
 
   using namespace cuda_detail;
-  // Floats moved per destination slot: K and V rows and the statistics rows of every head.
-  const std::size_t row_floats =
-      std::size_t(kv_heads) * (std::size_t(2) * head_dim + std::size_t(rows_of_stats));
-  std::size_t batch = kCompactBatchBytes / (row_floats * sizeof(float));
+  // Bytes moved per destination slot: K and V rows and the statistics rows of every head.
+  const std::size_t row_bytes = compact_row_bytes<KV>(kv_heads, head_dim, rows_of_stats);
+  std::size_t batch = kCompactBatchBytes / row_bytes;
   if (batch < 1) batch = 1;
   if (batch > std::size_t(moving)) batch = std::size_t(moving);
   // One workspace request: the source slots [kv_heads, moving] (int32, padded to 16 bytes), then
   // the scratch.
   const std::size_t slot_count = std::size_t(kv_heads) * moving;
   const std::size_t slot_floats = (slot_count + 3) / 4 * 4;
-  float* ws = ctx.workspace_as<float>(slot_floats + batch * row_floats);
+  float* ws = ctx.workspace_as<float>(slot_floats + (batch * row_bytes + sizeof(float) - 1) / sizeof(float));
   auto* src_slots = reinterpret_cast<std::int32_t*>(ws);
-  float* scratch = ws + slot_floats;
+  void* scratch = ws + slot_floats;
   std::vector<std::int32_t> moving_slots(slot_count);
   for (int h = 0; h < kv_heads; ++h)
     for (int i = 0; i < moving; ++i)
@@ -209,13 +221,15 @@ inline void kv_compact(const Context<cuda>& ctx, float* k_cache, float* v_cache,
   constexpr int kThreads = 256;
   for (int a = 0; a < moving; a += int(batch)) {
     const int cnt = moving - a < int(batch) ? moving - a : int(batch);
-    const std::int64_t elems = std::int64_t(cnt) * std::int64_t(row_floats);
+    // One thread per moved element (K/V values and statistics alike).
+    const std::int64_t elems =
+        std::int64_t(cnt) * kv_heads * (std::int64_t(2) * head_dim + std::int64_t(rows_of_stats));
     const unsigned grid = grid_for(elems, kThreads, 8 * ctx.sm_count());
-    kv_compact_kernel<true><<<grid, kThreads, 0, ctx.stream()>>>(
+    kv_compact_kernel<KV, true><<<grid, kThreads, 0, ctx.stream()>>>(
         k_cache, v_cache, stats, scratch, src_slots + a, moving, cnt, fixed + a, kv_heads,
         head_dim, rows_of_stats, capacity);
     DC_CUDA_CHECK_LAUNCH("kv_compact_kernel<gather>");
-    kv_compact_kernel<false><<<grid, kThreads, 0, ctx.stream()>>>(
+    kv_compact_kernel<KV, false><<<grid, kThreads, 0, ctx.stream()>>>(
         k_cache, v_cache, stats, scratch, src_slots + a, moving, cnt, fixed + a, kv_heads,
         head_dim, rows_of_stats, capacity);
     DC_CUDA_CHECK_LAUNCH("kv_compact_kernel<scatter>");

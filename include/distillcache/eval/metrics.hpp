@@ -73,6 +73,17 @@ struct FidelityTotals {
   }
 };
 
+// What `total` gained since `earlier` (an earlier copy of it): one context's totals.
+inline FidelityTotals difference(const FidelityTotals& total, const FidelityTotals& earlier) {
+  FidelityTotals d;
+  d.kl_sum = total.kl_sum - earlier.kl_sum;
+  d.nll_full_sum = total.nll_full_sum - earlier.nll_full_sum;
+  d.nll_evicted_sum = total.nll_evicted_sum - earlier.nll_evicted_sum;
+  d.agreements = total.agreements - earlier.agreements;
+  d.steps = total.steps - earlier.steps;
+  return d;
+}
+
 // The 95 % Wilson score interval of a proportion: `successes` of `trials` (successes may be
 // fractional, e.g. a sum of per-sample partial scores). Unlike p +- z sqrt(p(1-p)/n) it stays
 // inside [0, 1] and is not empty at 0 or n successes, which matters for the handful of samples

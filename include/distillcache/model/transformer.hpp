@@ -78,7 +78,7 @@ class Transformer {
   Context<B>& context() { return ctx_; }
   int max_chunk() const { return max_chunk_; }
 
-  // A cache for this model; kv_type f32 or bf16 (CPU) is how it stores K and V. Without one, the
+  // A cache for this model; kv_type f32 or bf16 is how it stores K and V. Without one, the
   // model's default (set_kv_type), so the decoder, the evaluator and the trainer, which make their
   // caches here, all follow one setting.
   KVCache<B> make_cache(int capacity) const { return make_cache(capacity, kv_type_); }

@@ -1,0 +1,283 @@
+// The throughput issue's GPU benchmark at the paper's scale: Mistral-7B-v0.3's shape (32 layers,
+// d 4096, 32 query / 8 KV heads of 128, ff 14336, vocabulary 32768) with random bf16 weights, a
+// bf16 KV cache, decoding at a 32k context, S = 1 and 16 sequences per step:
+//   full      every sequence attends over its whole 32k cache (no statistics, nothing evicted);
+//   25%/once  the prompt compressed to 25 % once (H2O, one keep-set per (layer, KV head)), then
+//             decoding with attention statistics on and no further eviction;
+//   25%/c16   the same, evicting back to the budget every 16 decoded tokens (the decoder's
+//             decode mode: what a deployment runs).
+// Counters: tokens/s (all sequences), ms per step, achieved HBM bandwidth (the bf16 weights plus
+// every sequence's K/V, read once per step, over the step's time) and its fraction of the GPU's
+// peak (2 x memory clock x bus width), cached tokens per sequence, evictions while decoding (all
+// sequences; the prompt's compression not counted); adopt_ms is the
+// untimed setup per sequence (copying the 32k cache and compressing it). The eviction overhead per
+// token is the difference of 25%/c16 and 25%/once over S x steps (bench/gpu_check.sh prints it).
+//
+// The caches are filled with random K/V and statistics, not by a 32k-token prefill (minutes per
+// sequence on this library's attention): decode cost depends on how long the cache is, not on how
+// it was filled, and H2O's choice on random statistics costs what it costs on real ones. The
+// weights are generated on the device (14.5 GB; on the host they would take minutes).
+//
+//   build/gpu/bench/bench_cuda_long --benchmark_out=long.json --benchmark_out_format=json
+//
+// Needs about 95 GB of GPU memory at S = 16 (weights 14.5 GB, 17 caches of 32k bf16 slots at 4.6 GB
+// with their statistics); without a usable device it prints a skip line and exits 0.
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <distillcache/distillcache.cuh>
+
+namespace {
+
+constexpr int kContext = 32768;
+constexpr int kSteps = 64;  // timed decode steps: 4 evictions per sequence at chunk 16
+constexpr double kBudget = 0.25;
+
+dc::ModelConfig mistral_config() {
+  dc::ModelConfig c = dc::ModelConfig::mistral_7b_v0_3();
+  c.max_position = kContext + kSteps;  // 32k cached, then the timed steps
+  return c;
+}
+
+// p[i] = uniform in [lo, hi) from a hash of (seed, i), stored as T (float or bf16).
+template <class T>
+__global__ void fill_uniform_kernel(T* p, std::int64_t n, float lo, float hi, std::uint64_t seed) {
+  const std::int64_t stride = std::int64_t(gridDim.x) * blockDim.x;
+  for (std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    std::uint64_t x = seed + std::uint64_t(i) * 0x9e3779b97f4a7c15ull;  // splitmix64
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    x ^= x >> 31;
+    dc::cuda_detail::store_float(p + i, lo + (hi - lo) * float(x >> 40) * 0x1p-24f);
+  }
+}
+
+template <class T>
+void fill_uniform(const dc::Context<dc::cuda>& ctx, T* p, std::int64_t n, float lo, float hi, std::uint64_t seed) {
+  constexpr int kThreads = 256;
+  fill_uniform_kernel<T><<<dc::cuda_detail::grid_for(n, kThreads, 8 * ctx.sm_count()), kThreads, 0, ctx.stream()>>>(
+      p, n, lo, hi, seed);
+  DC_CUDA_CHECK_LAUNCH("fill_uniform_kernel");
+}
+
+// A matrix [rows, cols] uniform with variance 1/cols (or 1: embeddings), as N(0, 1/in) would be.
+dc::Tensor<dc::bf16, dc::cuda> random_matrix(const dc::Context<dc::cuda>& ctx, std::int64_t rows, std::int64_t cols,
+                                             bool unit_variance, std::uint64_t seed) {
+  dc::Tensor<dc::bf16, dc::cuda> t(dc::Shape{rows, cols});
+  const float a = std::sqrt(3.0f / (unit_variance ? 1.0f : float(cols)));
+  fill_uniform(ctx, t.data(), t.numel(), -a, a, seed);
+  return t;
+}
+
+dc::Tensor<float, dc::cuda> ones(const dc::Context<dc::cuda>& ctx, std::int64_t n) {
+  dc::Tensor<float, dc::cuda> t(dc::Shape{n});
+  fill_uniform(ctx, t.data(), n, 1.0f, 1.0f, 0);
+  return t;
+}
+
+// The weights of a Llama/Mistral-shaped config (no Gemma norms), made on the device.
+dc::Weights<dc::cuda, dc::bf16> random_device_weights(const dc::ModelConfig& c, const dc::Context<dc::cuda>& ctx) {
+  const std::int64_t d = c.hidden_size, ff = c.intermediate_size;
+  std::uint64_t seed = 1;
+  dc::Weights<dc::cuda, dc::bf16> w;
+  w.embed = random_matrix(ctx, c.vocab_size, d, true, seed++);
+  for (int l = 0; l < c.num_layers; ++l) {
+    dc::LayerWeights<dc::cuda, dc::bf16> L;
+    L.attn_norm = ones(ctx, d);
+    L.wq = random_matrix(ctx, c.q_dim(), d, false, seed++);
+    L.wk = random_matrix(ctx, c.kv_dim(), d, false, seed++);
+    L.wv = random_matrix(ctx, c.kv_dim(), d, false, seed++);
+    L.wo = random_matrix(ctx, d, c.q_dim(), false, seed++);
+    L.ffn_norm = ones(ctx, d);
+    L.w_gate = random_matrix(ctx, ff, d, false, seed++);
+    L.w_up = random_matrix(ctx, ff, d, false, seed++);
+    L.w_down = random_matrix(ctx, d, ff, false, seed++);
+    w.layers.push_back(std::move(L));
+  }
+  w.final_norm = ones(ctx, d);
+  w.lm_head = random_matrix(ctx, c.vocab_size, d, false, seed++);
+  dc::synchronize(ctx);
+  return w;
+}
+
+// Bytes one decode step reads of the weights: every bf16 matrix once (of the embedding only one
+// row per sequence: left out) and the fp32 norms.
+double weight_bytes(const dc::ModelConfig& c) {
+  const double d = c.hidden_size, ff = c.intermediate_size;
+  const double matrices = c.num_layers * (2 * d * c.q_dim() + 2 * d * c.kv_dim() + 3 * d * ff) + c.vocab_size * d;
+  const double norms = (2.0 * c.num_layers + 1) * d;
+  return 2.0 * matrices + 4.0 * norms;
+}
+
+// Bytes of K and V one decode step reads for a cache holding `slots` per (layer, KV head).
+double kv_bytes(const dc::ModelConfig& c, double slots) {
+  return 2.0 * c.num_layers * c.num_kv_heads * slots * c.head_dim * sizeof(dc::bf16);
+}
+
+// The GPU's peak memory bandwidth in bytes/s: double data rate x memory clock x bus width.
+double peak_bandwidth() {
+  int device = 0, clock_khz = 0, bus_bits = 0;
+  DC_CUDA_CHECK(cudaGetDevice(&device));
+  DC_CUDA_CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, device));
+  DC_CUDA_CHECK(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device));
+  return 2.0 * clock_khz * 1e3 * bus_bits / 8.0;
+}
+
+using Model = dc::Transformer<dc::cuda, dc::bf16>;
+
+// The model and the 32k cache every sequence starts from (random K/V and statistics, observed
+// from position 0 as H2O's prompt compression needs), built on first use and owned by main so
+// they are released before the CUDA runtime shuts down.
+struct Setup {
+  std::unique_ptr<Model> model;
+  std::unique_ptr<dc::KVCache<dc::cuda>> prompt;
+  std::vector<float> prompt_logits;
+
+  void build() {
+    if (model) return;
+    const dc::ModelConfig cfg = mistral_config();
+    {
+      dc::Context<dc::cuda> ctx;
+      model = std::make_unique<Model>(cfg, random_device_weights(cfg, ctx), 16);
+    }
+    model->set_kv_type(dc::DType::bf16);
+    auto& ctx = model->context();
+    prompt = std::make_unique<dc::KVCache<dc::cuda>>(model->make_cache(kContext));
+    dc::H2OPolicy h2o;
+    prompt->set_observed_from(h2o.observation_start(kContext));
+    prompt->collect_queries(h2o.query_statistics(), cfg.rope_theta);
+    prompt->append(ctx, kContext);
+    const std::int64_t kv = std::int64_t(cfg.num_kv_heads) * kContext * cfg.head_dim;
+    const std::int64_t stats = std::int64_t(cfg.num_kv_heads) * prompt->stat_rows() * kContext;
+    for (int l = 0; l < cfg.num_layers; ++l) {
+      fill_uniform(ctx, prompt->keys_as<dc::bf16>(l), kv, -0.5f, 0.5f, 1000 + 3 * std::uint64_t(l));
+      fill_uniform(ctx, prompt->values_as<dc::bf16>(l), kv, -0.5f, 0.5f, 1001 + 3 * std::uint64_t(l));
+      fill_uniform(ctx, prompt->stats(l), stats, 0.0f, 1.0f, 1002 + 3 * std::uint64_t(l));
+    }
+    dc::synchronize(ctx);
+    prompt_logits.assign(std::size_t(cfg.vocab_size), 0.0f);
+  }
+};
+
+std::vector<std::int32_t> step_tokens(int sequences, int step, int vocab) {
+  std::vector<std::int32_t> t(static_cast<std::size_t>(sequences));
+  for (int s = 0; s < sequences; ++s) t[std::size_t(s)] = std::int32_t((7919 * (step + 1) + 104729 * s) % vocab);
+  return t;
+}
+
+void report(benchmark::State& state, const dc::ModelConfig& cfg, int sequences, double mean_slots) {
+  const double steps = double(state.iterations());
+  state.counters["tokens/s"] = benchmark::Counter(steps * sequences, benchmark::Counter::kIsRate);
+  state.counters["steps/s"] = benchmark::Counter(steps, benchmark::Counter::kIsRate);
+  const double bytes = weight_bytes(cfg) + sequences * kv_bytes(cfg, mean_slots);
+  state.counters["HBM_bytes/s"] = benchmark::Counter(bytes * steps, benchmark::Counter::kIsRate);
+  state.counters["peak_HBM_bytes/s"] = peak_bandwidth();
+  state.counters["cached_tokens"] = mean_slots;
+  state.counters["sequences"] = sequences;
+}
+
+// Full cache: S copies of the 32k cache, statistics off, one forward_batch per step.
+void decode_full(benchmark::State& state, Setup& setup) {
+  try {
+    setup.build();
+    Model& model = *setup.model;
+    const auto& cfg = model.config();
+    const int sequences = int(state.range(0));
+    std::vector<dc::KVCache<dc::cuda>> caches;
+    caches.reserve(std::size_t(sequences));
+    std::vector<dc::KVCache<dc::cuda>*> batch;
+    for (int s = 0; s < sequences; ++s) {
+      caches.push_back(model.make_cache(kContext + kSteps));
+      caches.back().copy_from(model.context(), *setup.prompt);
+      caches.back().disable_statistics();
+      batch.push_back(&caches.back());
+    }
+    std::vector<float> logits(std::size_t(sequences) * cfg.vocab_size);
+    int step = 0;
+    for (auto _ : state) model.forward_batch(step_tokens(sequences, step++, cfg.vocab_size), batch, logits);
+    report(state, cfg, sequences, kContext + (step + 1) / 2.0);  // step i attends over 32768 + i + 1
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+  }
+}
+
+// 25 %: S decoders adopt the 32k cache and compress it with H2O; mode decode evicts every 16.
+void decode_budget(benchmark::State& state, Setup& setup) {
+  try {
+    setup.build();
+    Model& model = *setup.model;
+    const auto& cfg = model.config();
+    const int sequences = int(state.range(0));
+    const auto mode = state.range(1) ? dc::EvictionMode::decode : dc::EvictionMode::prefill;
+    std::vector<std::unique_ptr<dc::H2OPolicy>> policies;
+    std::vector<std::unique_ptr<dc::EvictingDecoder<dc::cuda, dc::bf16>>> decoders;
+    std::vector<dc::EvictingDecoder<dc::cuda, dc::bf16>*> batch;
+    const auto start = std::chrono::steady_clock::now();
+    for (int s = 0; s < sequences; ++s) {
+      policies.push_back(std::make_unique<dc::H2OPolicy>());
+      decoders.push_back(std::make_unique<dc::EvictingDecoder<dc::cuda, dc::bf16>>(
+          model, *policies.back(), dc::Budget::of_fraction(kBudget), mode, kContext, kSteps,
+          dc::Granularity::head));
+      decoders.back()->adopt_prefill(*setup.prompt, setup.prompt_logits);
+      batch.push_back(decoders.back().get());
+    }
+    dc::synchronize(model.context());
+    const double adopt_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    dc::DecoderBatch<dc::cuda, dc::bf16> stepper;
+    int step = 0;
+    double slots = 0.0;
+    for (auto _ : state) {
+      stepper.step(batch, step_tokens(sequences, step++, cfg.vocab_size));
+      slots += decoders[0]->cache().length();
+    }
+    int evictions = 0;  // during decoding: the prompt's compression is not one of them
+    for (const auto& d : decoders) evictions += d->evictions() - 1;
+    report(state, cfg, sequences, slots / std::max(1, step));
+    state.counters["evictions"] = evictions;
+    state.counters["adopt_ms"] = 1e3 * adopt_s / sequences;
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int count = 0;
+  cudaError_t status = cudaGetDeviceCount(&count);  // leaves count unwritten on error
+  if (status == cudaSuccess && count <= 0) status = cudaErrorNoDevice;
+  if (status == cudaSuccess) status = cudaFree(nullptr);
+  if (status != cudaSuccess) {
+    std::printf("SKIPPED: no usable CUDA device (%s); CUDA benchmarks not run\n", cudaGetErrorString(status));
+    return 0;
+  }
+  Setup setup;
+  auto fixed = [](benchmark::internal::Benchmark* b) {
+    b->Iterations(kSteps)->UseRealTime()->Unit(benchmark::kMillisecond);
+  };
+  for (const int sequences : {1, 16}) {
+    fixed(benchmark::RegisterBenchmark("mistral7b_32k/full", [&setup](benchmark::State& st) { decode_full(st, setup); })
+              ->Args({sequences})
+              ->ArgNames({"S"}));
+    for (const int evicting : {0, 1})
+      fixed(benchmark::RegisterBenchmark(evicting ? "mistral7b_32k/25%/c16" : "mistral7b_32k/25%/once",
+                                         [&setup](benchmark::State& st) { decode_budget(st, setup); })
+                ->Args({sequences, evicting})
+                ->ArgNames({"S", "evicting"}));
+  }
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
