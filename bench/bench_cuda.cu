@@ -25,6 +25,7 @@
 
 #include <distillcache/distillcache.cuh>
 
+#include "cuda_device.cuh"
 #include "random_model.hpp"
 
 namespace {
@@ -162,15 +163,7 @@ void register_model(Models& models, const std::string& name) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int count = 0;
-  cudaError_t status = cudaGetDeviceCount(&count);  // leaves count unwritten on error
-  if (status == cudaSuccess && count <= 0) status = cudaErrorNoDevice;
-  if (status == cudaSuccess) status = cudaFree(nullptr);
-  if (status != cudaSuccess) {
-    std::printf("SKIPPED: no usable CUDA device (%s); CUDA benchmarks not run\n",
-                cudaGetErrorString(status));
-    return 0;
-  }
+  if (!dc_bench::usable_cuda_device()) return 0;
   Models models;
   register_model<float>(models, "tiny_f32");
   register_model<dc::bf16>(models, "mistral_layer_bf16");

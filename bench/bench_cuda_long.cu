@@ -37,6 +37,8 @@
 
 #include <distillcache/distillcache.cuh>
 
+#include "cuda_device.cuh"
+
 namespace {
 
 constexpr int kContext = 32768;
@@ -253,14 +255,7 @@ void decode_budget(benchmark::State& state, Setup& setup) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int count = 0;
-  cudaError_t status = cudaGetDeviceCount(&count);  // leaves count unwritten on error
-  if (status == cudaSuccess && count <= 0) status = cudaErrorNoDevice;
-  if (status == cudaSuccess) status = cudaFree(nullptr);
-  if (status != cudaSuccess) {
-    std::printf("SKIPPED: no usable CUDA device (%s); CUDA benchmarks not run\n", cudaGetErrorString(status));
-    return 0;
-  }
+  if (!dc_bench::usable_cuda_device()) return 0;
   Setup setup;
   auto fixed = [](benchmark::internal::Benchmark* b) {
     b->Iterations(kSteps)->UseRealTime()->Unit(benchmark::kMillisecond);

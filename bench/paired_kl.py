@@ -3,12 +3,12 @@
 
 The evaluator's tables give each policy's KL averaged over a handful of windows; whether one
 policy is ahead of another by more than the windows' own spread needs the differences taken
-context by context (every policy sees the same prompts and continuations). For each
-(granularity, budget) this prints every policy's mean KL and, against the reference policy, the
+context by context (every policy sees the same prompts and continuations). For each budget this
+prints every policy's mean KL and, against the reference policy, the
 mean paired difference with a 95 % interval (Student's t over the contexts) and how many contexts
 each one wins.
 
-    python3 bench/paired_kl.py per_context.csv [more.csv ...] --reference distillcache
+    python3 bench/paired_kl.py per_context.csv [more.csv ...] --reference "distillcache (head)"
 
 Several files are joined (e.g. the learned policy and the baselines run separately on the same
 --text, --context, --continuation and --max-contexts); a context is compared only where both
@@ -30,25 +30,27 @@ def t975(dof):
 
 
 def load(paths):
-    """{(granularity, budget): {policy: {context: kl}}}"""
+    """{budget: {"policy (granularity)": {context: kl}}}: a policy whose rule caps the granularity
+    (TOVA runs per layer) is compared at the granularity it ran at."""
     table = defaultdict(lambda: defaultdict(dict))
     for path in paths:
         with open(path, newline="") as f:
             for row in csv.DictReader(f):
-                key = (row["granularity"], float(row["budget"]))
-                table[key][row["policy"]][int(row["context"])] = float(row["kl_mean"])
+                name = f"{row['policy']} ({row['granularity']})"
+                table[float(row["budget"])][name][int(row["context"])] = float(row["kl_mean"])
     return table
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("csv", nargs="+", help="examples/eval --per-context files")
-    parser.add_argument("--reference", default="distillcache", help="the policy the others are compared with")
+    parser.add_argument("--reference", default="distillcache (head)",
+                        help="the policy the others are compared with, as 'name (granularity)'")
     args = parser.parse_args()
     table = load(args.csv)
-    for (granularity, budget), policies in sorted(table.items()):
+    for budget, policies in sorted(table.items()):
         ref = policies.get(args.reference)
-        print(f"\n{granularity}, budget {budget:g}: KL, and the paired difference (policy - {args.reference})")
+        print(f"\nbudget {budget:g}: KL, and the paired difference (policy - {args.reference})")
         print("| policy | contexts | mean KL | difference | 95 % interval | contexts it wins |")
         print("|---|---:|---:|---:|---|---:|")
         for name, kl in sorted(policies.items(), key=lambda item: sum(item[1].values()) / len(item[1])):

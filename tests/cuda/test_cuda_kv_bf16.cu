@@ -26,11 +26,7 @@ using dc_test::normalised_error;
 using dc_test::random_vector;
 using dc_test::upload;
 
-std::vector<dc::bf16> to_bf16_vector(const std::vector<float>& v) {
-  std::vector<dc::bf16> out(v.size());
-  for (std::size_t i = 0; i < v.size(); ++i) out[i] = dc::to_bf16(v[i]);
-  return out;
-}
+using dc_test::to_bf16_vector;
 
 bool same_bits(const std::vector<dc::bf16>& a, const std::vector<dc::bf16>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(dc::bf16)) == 0;

@@ -38,11 +38,7 @@ std::vector<float> rounded_bf16(std::vector<float> v) {
   return v;
 }
 
-std::vector<dc::bf16> to_bf16_vector(const std::vector<float>& v) {
-  std::vector<dc::bf16> out(v.size());
-  for (std::size_t i = 0; i < v.size(); ++i) out[i] = dc::to_bf16(v[i]);
-  return out;
-}
+using dc_test::to_bf16_vector;
 
 using dc_test::download;
 using dc_test::normalised_error;

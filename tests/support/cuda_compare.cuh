@@ -26,6 +26,13 @@ std::vector<T> download(const dc::Context<dc::cuda>& ctx, const dc::Tensor<T, dc
   return host;
 }
 
+// Each value rounded to bf16 (nearest even), as a bf16 cache or weight stores it.
+inline std::vector<dc::bf16> to_bf16_vector(const std::vector<float>& v) {
+  std::vector<dc::bf16> out(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) out[i] = dc::to_bf16(v[i]);
+  return out;
+}
+
 inline float normalised_error(std::span<const float> got, std::span<const float> want) {
   if (got.size() != want.size()) return std::numeric_limits<float>::infinity();
   float diff = 0.0f, scale = 0.0f;
