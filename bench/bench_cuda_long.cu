@@ -171,10 +171,13 @@ struct Setup {
   }
 };
 
-std::vector<std::int32_t> step_tokens(int sequences, int step, int vocab) {
-  std::vector<std::int32_t> t(static_cast<std::size_t>(sequences));
-  for (int s = 0; s < sequences; ++s) t[std::size_t(s)] = std::int32_t((7919 * (step + 1) + 104729 * s) % vocab);
-  return t;
+// The tokens of every timed step, [kSteps][sequences] (made before the timing starts).
+std::vector<std::vector<std::int32_t>> step_tokens(int sequences, int vocab) {
+  std::vector<std::vector<std::int32_t>> steps(kSteps, std::vector<std::int32_t>(static_cast<std::size_t>(sequences)));
+  for (int step = 0; step < kSteps; ++step)
+    for (int s = 0; s < sequences; ++s)
+      steps[std::size_t(step)][std::size_t(s)] = std::int32_t((7919 * (step + 1) + 104729 * s) % vocab);
+  return steps;
 }
 
 void report(benchmark::State& state, const dc::ModelConfig& cfg, int sequences, double mean_slots) {
@@ -205,8 +208,9 @@ void decode_full(benchmark::State& state, Setup& setup) {
       batch.push_back(&caches.back());
     }
     std::vector<float> logits(std::size_t(sequences) * cfg.vocab_size);
+    const auto tokens = step_tokens(sequences, cfg.vocab_size);
     int step = 0;
-    for (auto _ : state) model.forward_batch(step_tokens(sequences, step++, cfg.vocab_size), batch, logits);
+    for (auto _ : state) model.forward_batch(tokens[std::size_t(step++)], batch, logits);
     report(state, cfg, sequences, kContext + (step + 1) / 2.0);  // step i attends over 32768 + i + 1
   } catch (const std::exception& e) {
     state.SkipWithError(e.what());
@@ -236,10 +240,11 @@ void decode_budget(benchmark::State& state, Setup& setup) {
     dc::synchronize(model.context());
     const double adopt_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     dc::DecoderBatch<dc::cuda, dc::bf16> stepper;
+    const auto tokens = step_tokens(sequences, cfg.vocab_size);
     int step = 0;
     double slots = 0.0;
     for (auto _ : state) {
-      stepper.step(batch, step_tokens(sequences, step++, cfg.vocab_size));
+      stepper.step(batch, tokens[std::size_t(step++)]);
       slots += decoders[0]->cache().length();
     }
     int evictions = 0;  // during decoding: the prompt's compression is not one of them

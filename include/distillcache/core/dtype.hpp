@@ -10,6 +10,7 @@
 #include <string_view>
 #include <type_traits>
 
+#include "config.hpp"
 #include "error.hpp"
 
 namespace dc {
@@ -52,12 +53,16 @@ struct dtype_of<f16> {
 // ---- bf16: the upper half of an IEEE binary32 ----
 inline float to_float(bf16 h) { return std::bit_cast<float>(std::uint32_t(h.bits) << 16); }
 
-inline bf16 to_bf16(float f) {
-  std::uint32_t u = std::bit_cast<std::uint32_t>(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return bf16{std::uint16_t((u >> 16) | 0x40)};  // quiet NaN
-  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest, ties to even
-  return bf16{std::uint16_t(u >> 16)};
+// The bf16 bits of the binary32 with bits u: NaN kept (quiet), else rounded to nearest, ties to
+// even. One rule for both backends (the CUDA kernels that store bf16 call it on the device), so a
+// bf16 cache holds the same bits on the CPU and the GPU.
+DC_HD std::uint16_t bf16_bits_of(std::uint32_t u) {
+  if ((u & 0x7fffffffu) > 0x7f800000u) return std::uint16_t((u >> 16) | 0x40u);  // quiet NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return std::uint16_t(u >> 16);
 }
+
+inline bf16 to_bf16(float f) { return bf16{bf16_bits_of(std::bit_cast<std::uint32_t>(f))}; }
 
 // ---- f16: IEEE binary16 (1 sign, 5 exponent, 10 mantissa bits) ----
 inline float to_float(f16 h) {

@@ -35,16 +35,9 @@ __device__ __forceinline__ float bf16_bits_to_float(std::uint32_t bits16) {
 __device__ __forceinline__ float load_float(const float* p) { return *p; }
 __device__ __forceinline__ float load_float(const bf16* p) { return bf16_bits_to_float(p->bits); }
 
-// fp32 -> storage. bf16 rounds to nearest even and keeps NaN quiet, bit for bit as the host's
-// dc::to_bf16 (core/dtype.hpp), so a bf16 KV cache holds the same bits on both backends.
-__device__ __forceinline__ std::uint16_t float_to_bf16_bits(float f) {
-  std::uint32_t u = __float_as_uint(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return std::uint16_t((u >> 16) | 0x40u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return std::uint16_t(u >> 16);
-}
+// fp32 -> storage; bf16 by the host's rule (dc::bf16_bits_of, core/dtype.hpp), bit for bit.
 __device__ __forceinline__ void store_float(float* p, float f) { *p = f; }
-__device__ __forceinline__ void store_float(bf16* p, float f) { p->bits = float_to_bf16_bits(f); }
+__device__ __forceinline__ void store_float(bf16* p, float f) { p->bits = bf16_bits_of(__float_as_uint(f)); }
 
 // Grid-stride loops use a grid capped at a few waves: enough blocks to fill every SM, no more.
 inline unsigned grid_for(std::int64_t count, int threads, int max_blocks = 65535) {
