@@ -325,7 +325,7 @@ std::vector<BadInput> bad_inputs(const dc_test::TempDir& tmp) {
   }, "features: 'alpha' of row 2 is NaN");
   add("EvictionPolicy::score", "a feature is inf", [&] {
     dc::TokenFeatures f = tiny_features();
-    f.x[1 * dc::kNumFeatures + int(dc::Feature::value_norm)] = INFINITY;
+    f.column(dc::Feature::value_norm)[1] = INFINITY;
     std::vector<float> s(4);
     dc::make_baseline_policy("knorm")->score(f, 2, s);
   }, "features: 'value_norm' of row 1 is +inf");

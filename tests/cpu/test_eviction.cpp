@@ -177,7 +177,7 @@ dc::TokenFeatures fixed_features(int groups = 1) {
       f.slot.push_back(i);
       f.position.push_back(i);
       const float row[dc::kNumFeatures] = {float((v * 7) % 11) / 10.0f, 1.0f, 0.0f, 0.0f, float(i) / 19.0f};
-      f.x.insert(f.x.end(), row, row + dc::kNumFeatures);
+      f.append_features(row);
       f.accumulated_mass.push_back(float((v * 5) % 13));
       f.last_query_mass.push_back(float((v * 3) % 17) / 16.0f);
       f.key_norm.push_back(float((v * 11) % 19));
@@ -339,8 +339,8 @@ TEST_CASE("eviction decisions and logits are identical for 1 and 2 OpenMP thread
         const auto l = dec.step(ids[std::size_t(t)]);
         out.insert(out.end(), l.begin(), l.end());
       }
-      const auto features = dc::gather_features(model.context(), dec.cache()).x;
-      out.insert(out.end(), features.begin(), features.end());
+      const auto features = dc::gather_features(model.context(), dec.cache());
+      for (const auto& column : features.columns) out.insert(out.end(), column.begin(), column.end());
       return std::make_pair(dec.cache().host_positions(0), out);
     });
   };
@@ -453,9 +453,8 @@ TEST_CASE("the gather's value norm sums per group are the column's, so a policy 
       double column = 0.0;
       for (int r = f.groups[g].row_begin; r < f.groups[g].row_end; ++r) column += f.feature(r, dc::Feature::value_norm);
       CHECK(f.group_value_norm_sum[g] == doctest::Approx(column).epsilon(1e-12));
-      CHECK(f.group_value_norm_sum[g] == dc::value_norm_sum(f.x.data() + std::size_t(f.groups[g].row_begin) * dc::kNumFeatures +
-                                                                int(dc::Feature::value_norm),
-                                                            f.groups[g].rows(), dc::kNumFeatures));
+      CHECK(f.group_value_norm_sum[g] ==
+            dc::value_norm_sum(f.column(dc::Feature::value_norm) + f.groups[g].row_begin, f.groups[g].rows()));
     }
     std::vector<float> gathered(std::size_t(f.size)), summed_here(std::size_t(f.size));
     policy.score(f, 5, gathered);

@@ -88,7 +88,7 @@ TEST_CASE("features and keep-sets cover only the global layer at every granulari
   CHECK(layer.groups[0].layer_begin == kGlobal);
   CHECK(head.groups[0].layer_begin == kGlobal);
   // One global layer: the shared group's sums are that layer's alone, not the local layers'.
-  CHECK(shared.x == layer.x);
+  CHECK(shared.columns == layer.columns);
   CHECK(shared.accumulated_mass == layer.accumulated_mass);
 }
 

@@ -196,7 +196,7 @@ TEST_CASE("scale-free inputs: a uniform attention reads the same at n and 2n tok
       const float row[dc::kNumFeatures] = {1.0f / float(n), norm_scale * (1.0f + 0.1f * float(i % 3)),
                                            0.25f / float(n * n), std::log(float(n)),
                                            float(i) / float(n - 1)};
-      f.x.insert(f.x.end(), row, row + dc::kNumFeatures);
+      f.append_features(row);
       f.group.push_back(0);
       f.slot.push_back(i);
       f.position.push_back(i);
@@ -232,7 +232,7 @@ TEST_CASE("budget_age: the token's age in budgets; H2O's recent half is the same
     f.latest_position = n + 6;  // positions need not start at 0 (an already evicted cache)
     f.groups.push_back({0, 1, 0, 1, 0, n});
     for (int i = 0; i < n; ++i) {
-      f.x.insert(f.x.end(), dc::kNumFeatures, 0.5f);
+      f.append_features(0.5f);
       f.group.push_back(0);
       f.slot.push_back(i);
       f.position.push_back(i + 7);
@@ -277,7 +277,7 @@ TEST_CASE("depth: the group's layer as a fraction of the model, the same at ever
         f.slot.push_back(i);
         f.position.push_back(i);
         const float row[dc::kNumFeatures] = {1.0f / float(n), 1.0f, 0.0f, 0.5f, float(i) / float(n - 1)};
-        f.x.insert(f.x.end(), row, row + dc::kNumFeatures);
+        f.append_features(row);
         f.accumulated_mass.push_back(1.0f);
         f.last_query_mass.push_back(1.0f / float(n));
         f.key_norm.push_back(1.0f);
@@ -312,7 +312,7 @@ TEST_CASE("layer_last_alpha: the newest query's mass averaged over a layer's KV 
       for (int p = 0; p < 10; ++p) {
         if (p % 3 == h) continue;
         const float row[dc::kNumFeatures] = {0.1f, 1.0f, 0.0f, 0.5f, float(p) / 9.0f};
-        f.x.insert(f.x.end(), row, row + dc::kNumFeatures);
+        f.append_features(row);
         f.group.push_back(f.num_groups());
         f.slot.push_back(f.size - begin);
         f.position.push_back(p);
@@ -347,7 +347,7 @@ TEST_CASE("layer_last_alpha: the newest query's mass averaged over a layer's KV 
   one.size = 5;
   one.groups.push_back({0, 1, 0, 3, 0, 5});
   for (int p = 0; p < 5; ++p) {
-    one.x.insert(one.x.end(), dc::kNumFeatures, 0.5f);
+    one.append_features(0.5f);
     one.group.push_back(0);
     one.slot.push_back(p);
     one.position.push_back(p);
@@ -434,7 +434,7 @@ TEST_CASE("inference scores (inputs built into tiles) give the trainer's inputs-
     for (int p : positions) {
       const float row[dc::kNumFeatures] = {unit(rng) * 0.01f, 0.5f + unit(rng), unit(rng) * 1e-4f,
                                            unit(rng) * 5.0f, float(p) / 5999.0f};
-      f.x.insert(f.x.end(), row, row + dc::kNumFeatures);
+      f.append_features(row);
       f.group.push_back(g);
       f.slot.push_back(f.size - begin);
       f.position.push_back(p);

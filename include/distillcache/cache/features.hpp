@@ -91,7 +91,10 @@ struct TokenFeatures {
   std::vector<std::int32_t> group;     // index into groups
   std::vector<std::int32_t> slot;      // cache slot within the group's heads
   std::vector<std::int32_t> position;  // original token position
-  std::vector<float> x;                // [size, kNumFeatures], columns in Feature order
+  // The policy's features, one column of `size` floats per dc::Feature (column-major: a policy
+  // reads one feature over a run of rows, contiguous; a [rows, 5] matrix made every such read a
+  // stride-5 gather, which was the largest part of building the learned policy's inputs).
+  std::array<std::vector<float>, kNumFeatures> columns;
   // Raw statistics the baselines use.
   std::vector<float> accumulated_mass;  // sum over covered layers, heads and observed queries (H2O)
   std::vector<float> last_query_mass;   // newest observed query's mass, mean over covered heads/layers (TOVA)
@@ -106,11 +109,16 @@ struct TokenFeatures {
   std::vector<double> group_value_norm_sum;
 
   int num_groups() const { return int(groups.size()); }
-  float feature(int row, Feature f) const {
-    return x[std::size_t(row) * kNumFeatures + std::size_t(f)];
+  float feature(int row, Feature f) const { return columns[std::size_t(f)][std::size_t(row)]; }
+  const float* column(Feature f) const { return columns[std::size_t(f)].data(); }
+  float* column(Feature f) { return columns[std::size_t(f)].data(); }
+  // Appends one row's features, in Feature order (for features built by hand; the other
+  // per-row vectors are the caller's to extend, and `size` to raise).
+  void append_features(std::span<const float, kNumFeatures> row) {
+    for (int c = 0; c < kNumFeatures; ++c) columns[std::size_t(c)].push_back(row[std::size_t(c)]);
   }
-  std::span<const float> row(int r) const {
-    return std::span<const float>(x).subspan(std::size_t(r) * kNumFeatures, kNumFeatures);
+  void append_features(float all) {
+    for (auto& c : columns) c.push_back(all);
   }
 
   // Throws dc::Error naming the first problem: a column whose length is not `size`, groups that
@@ -119,7 +127,7 @@ struct TokenFeatures {
   // features built by hand.
   void validate() const {
     DC_CHECK(size >= 0, "features: negative size ", size);
-    const std::pair<const char*, std::size_t> columns[] = {
+    const std::pair<const char*, std::size_t> per_row[] = {
         {"group", group.size()},
         {"slot", slot.size()},
         {"position", position.size()},
@@ -127,30 +135,56 @@ struct TokenFeatures {
         {"last_query_mass", last_query_mass.size()},
         {"key_norm", key_norm.size()},
         {"expected_attention", expected_attention.size()}};
-    for (const auto& [name, n] : columns)
+    for (const auto& [name, n] : per_row)
       DC_CHECK(n == std::size_t(size), "features: '", name, "' has ", n, " entries for ", size,
                " rows");
-    DC_CHECK(x.size() == std::size_t(size) * kNumFeatures, "features: the matrix has ", x.size(),
-             " entries for ", size, " rows of ", kNumFeatures);
+    for (int c = 0; c < kNumFeatures; ++c)
+      DC_CHECK(columns[std::size_t(c)].size() == std::size_t(size), "features: '", feature_name(Feature(c)), "' has ",
+               columns[std::size_t(c)].size(), " entries for ", size, " rows");
     int next = 0;
     for (std::size_t g = 0; g < groups.size(); ++g) {
-      DC_CHECK(groups[g].row_begin == next && groups[g].row_end >= next,
-               "features: group ", g, " covers rows [", groups[g].row_begin, ", ",
-               groups[g].row_end, "), expected to start at ", next);
-      for (int r = groups[g].row_begin; r < groups[g].row_end; ++r)
-        DC_CHECK(group[std::size_t(r)] == int(g), "features: row ", r, " has group ",
-                 group[std::size_t(r)], ", lies in group ", g);
+      DC_CHECK(groups[g].row_begin == next && groups[g].row_end >= next && groups[g].row_end <= size,
+               "features: group ", g, " covers rows [", groups[g].row_begin, ", ", groups[g].row_end,
+               "), expected to start at ", next, " and end by ", size);
       next = groups[g].row_end;
     }
     DC_CHECK(next == size, "features: groups cover ", next, " of ", size, " rows");
     DC_CHECK(group_value_norm_sum.empty() || group_value_norm_sum.size() == groups.size(),
              "features: ", group_value_norm_sum.size(), " value norm sums for ", groups.size(), " groups");
-    if (!all_finite(x))  // then find the first bad entry, feature by feature, for the message
-      for (int f = 0; f < kNumFeatures; ++f)
-        for (int r = 0; r < size; ++r)
-          if (!std::isfinite(feature(r, Feature(f))))
-            DC_FAIL("features: '", feature_name(Feature(f)), "' of row ", r, " is ",
-                    describe_non_finite(feature(r, Feature(f))));
+    // Every row's group and every float column (the features, then the raw statistics) are
+    // checked in one parallel pass: every eviction checks its features (737k rows x 9 columns on
+    // SmolLM2 at 8k, head granularity), and one thread doing it left the other waiting. Only
+    // when something is wrong do the serial loops below look for the first bad entry to name.
+    const std::vector<float>* floats[] = {&columns[0], &columns[1], &columns[2], &columns[3], &columns[4],
+                                          &accumulated_mass, &last_query_mass, &key_norm, &expected_attention};
+    static_assert(kNumFeatures == 5, "floats[] lists every feature column");
+    constexpr int kCheckRows = 16384;
+    const int num_groups = int(groups.size()), chunks = (size + kCheckRows - 1) / kCheckRows;
+    int bad = 0;
+    DC_OMP(parallel if (size > 4 * kCheckRows))
+    {
+      DC_OMP(for schedule(dynamic) reduction(| : bad) nowait)
+      for (int g = 0; g < num_groups; ++g)
+        for (int r = groups[std::size_t(g)].row_begin; r < groups[std::size_t(g)].row_end; ++r)
+          bad |= group[std::size_t(r)] != g ? 1 : 0;
+      DC_OMP(for schedule(static) reduction(| : bad))
+      for (int c = 0; c < chunks; ++c) {
+        const std::size_t begin = std::size_t(c) * kCheckRows;
+        const std::size_t count = std::min<std::size_t>(kCheckRows, std::size_t(size) - begin);
+        for (const std::vector<float>* column : floats)
+          bad |= all_finite(std::span<const float>(column->data() + begin, count)) ? 0 : 2;
+      }
+    }
+    if (bad == 0) return;
+    for (int g = 0; g < num_groups; ++g)
+      for (int r = groups[std::size_t(g)].row_begin; r < groups[std::size_t(g)].row_end; ++r)
+        DC_CHECK(group[std::size_t(r)] == g, "features: row ", r, " has group ", group[std::size_t(r)],
+                 ", lies in group ", g);
+    for (int c = 0; c < kNumFeatures; ++c)
+      for (int r = 0; r < size; ++r)
+        if (!std::isfinite(feature(r, Feature(c))))
+          DC_FAIL("features: '", feature_name(Feature(c)), "' of row ", r, " is ",
+                  describe_non_finite(feature(r, Feature(c))));
     check_all_finite(accumulated_mass, "features: 'accumulated_mass'");
     check_all_finite(last_query_mass, "features: 'last_query_mass'");
     check_all_finite(key_norm, "features: 'key_norm'");
@@ -158,16 +192,16 @@ struct TokenFeatures {
   }
 };
 
-// The sum of `count` floats at a stride, in double, in eight running sums (element 8k + lane;
-// the last count % 8 elements into lane 0), added up lane by lane at the end: one chain of
-// dependent double additions over a group's rows took longer than all the policy's logarithms.
-inline double value_norm_sum(const float* values, int count, std::ptrdiff_t stride) {
+// The sum of `count` floats, in double, in eight running sums (element 8k + lane; the last
+// count % 8 elements into lane 0), added up lane by lane at the end: one chain of dependent
+// double additions over a group's rows took longer than all the policy's logarithms.
+inline double value_norm_sum(const float* values, int count) {
   constexpr int kLanes = 8;
   double lane_sum[kLanes] = {};
   int r = 0;
   for (; r + kLanes <= count; r += kLanes)
-    for (int k = 0; k < kLanes; ++k) lane_sum[k] += values[std::ptrdiff_t(r + k) * stride];
-  for (; r < count; ++r) lane_sum[0] += values[std::ptrdiff_t(r) * stride];
+    for (int k = 0; k < kLanes; ++k) lane_sum[k] += values[r + k];
+  for (; r < count; ++r) lane_sum[0] += values[r];
   double sum = 0.0;
   for (double v : lane_sum) sum += v;
   return sum;
@@ -255,12 +289,12 @@ inline void write_group_rows(TokenFeatures& f, int g, int row0,
     const int position = positions[std::size_t(i)];
     const std::size_t row = std::size_t(row0 + i);
     const float row_mass = column(mass)[i];
-    float* x = f.x.data() + row * kNumFeatures;
-    x[int(Feature::alpha)] = math::feature_alpha(row_mass, column(queries)[i], query_heads);
-    x[int(Feature::value_norm)] = column(value_norm)[i] / covered;
-    x[int(Feature::head_variance)] = math::variance_from_sums(head_sum[std::size_t(i)], head_squares[std::size_t(i)], query_heads);
-    x[int(Feature::entropy)] = math::feature_entropy(column(entropy_mass)[i], row_mass);
-    x[int(Feature::position)] = math::feature_position(position, f.latest_position);
+    f.column(Feature::alpha)[row] = math::feature_alpha(row_mass, column(queries)[i], query_heads);
+    f.column(Feature::value_norm)[row] = column(value_norm)[i] / covered;
+    f.column(Feature::head_variance)[row] =
+        math::variance_from_sums(head_sum[std::size_t(i)], head_squares[std::size_t(i)], query_heads);
+    f.column(Feature::entropy)[row] = math::feature_entropy(column(entropy_mass)[i], row_mass);
+    f.column(Feature::position)[row] = math::feature_position(position, f.latest_position);
     f.group[row] = g;
     f.slot[row] = i;
     f.position[row] = position;
@@ -270,8 +304,7 @@ inline void write_group_rows(TokenFeatures& f, int g, int row0,
     f.expected_attention[row] = column(expected_mass)[i] / covered;
   }
   f.group_value_norm_sum[std::size_t(g)] =  // the rows just written, still in cache
-      n > 0 ? value_norm_sum(f.x.data() + std::size_t(row0) * kNumFeatures + int(Feature::value_norm), n, kNumFeatures)
-            : 0.0;
+      n > 0 ? value_norm_sum(f.column(Feature::value_norm) + row0, n) : 0.0;
 }
 
 }  // namespace detail
@@ -357,7 +390,7 @@ TokenFeatures gather_features(const Context<B>& ctx, const KVCache<B>& cache,
     f.size += n;
   }
   const std::size_t rows = std::size_t(f.size);
-  f.x.resize(rows * kNumFeatures);
+  for (auto& column : f.columns) column.resize(rows);
   for (auto* column : {&f.group, &f.slot, &f.position}) column->resize(rows);
   for (auto* column : {&f.accumulated_mass, &f.last_query_mass, &f.key_norm, &f.expected_attention})
     column->resize(rows);

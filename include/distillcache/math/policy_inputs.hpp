@@ -46,9 +46,11 @@ DC_HD_INLINE float input_log_relative_mass(float mass, int group_rows) {
 }
 
 // log(v / mean): 0 for a typical value norm.
+// A select, not an early return, so that a loop over a group's rows vectorises (GCC left the
+// loop scalar with the branch when the norms came from a heap column).
 DC_HD_INLINE float input_log_relative_norm(float norm, float group_mean_norm) {
-  if (!(group_mean_norm > 0.0f)) return 0.0f;  // every norm zero: nothing to tell rows apart
-  return log_poly((norm > 0.0f ? norm : 0.0f) / group_mean_norm + kPolicyInputEps);
+  const float relative = log_poly((norm > 0.0f ? norm : 0.0f) / group_mean_norm + kPolicyInputEps);
+  return group_mean_norm > 0.0f ? relative : 0.0f;  // every norm zero: nothing to tell rows apart
 }
 
 // log(std * n + eps) from the variance across heads; the second form takes the standard deviation

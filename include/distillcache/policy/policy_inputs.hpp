@@ -115,8 +115,7 @@ inline PolicyInputScale policy_input_scale(const TokenFeatures& f, int group, in
   if (f.group_value_norm_sum.size() == f.groups.size())
     norm_sum = f.group_value_norm_sum[std::size_t(group)];  // gather_features summed it
   else if (s.rows > 0)
-    norm_sum = value_norm_sum(f.x.data() + std::size_t(g.row_begin) * kNumFeatures + int(Feature::value_norm),
-                              s.rows, kNumFeatures);
+    norm_sum = value_norm_sum(f.column(Feature::value_norm) + g.row_begin, s.rows);
   s.mean_value_norm = s.rows > 0 ? float(norm_sum / s.rows) : 0.0f;
   s.entropy_scale = math::input_entropy_scale(s.rows);
   s.depth = math::input_depth(g.layer_begin, g.layer_end, layers);
@@ -132,19 +131,19 @@ inline int policy_input_layers(const TokenFeatures& f) {
 
 namespace detail {
 
-// v[i] = sqrt(max(v[i], 0)) (NaN reads as 0), correctly rounded like sqrtf. With vector
+// out[i] = sqrt(max(v[i], 0)) (NaN reads as 0), correctly rounded like sqrtf. With vector
 // instructions where the build has them: a loop calling sqrtf stays scalar (GCC 12 keeps a
 // call for errno beside each square root), and head_variance's square root was then the policy
 // inputs' slowest loop.
-inline void sqrt_clamped_in_place(float* v, int count) {
+inline void sqrt_clamped(const float* DC_RESTRICT v, int count, float* DC_RESTRICT out) {
   int i = 0;
 #if defined(__AVX__) && !defined(__CUDACC__)
   // 8 lanes even under AVX-512: GCC 12's 16-lane sqrt and max intrinsics trip its own
   // -Wmaybe-uninitialized (they pass _mm512_undefined_ps as the masked-off source).
   for (; i + 8 <= count; i += 8)  // max_ps gives its second operand (0) for a NaN first
-    _mm256_storeu_ps(v + i, _mm256_sqrt_ps(_mm256_max_ps(_mm256_loadu_ps(v + i), _mm256_setzero_ps())));
+    _mm256_storeu_ps(out + i, _mm256_sqrt_ps(_mm256_max_ps(_mm256_loadu_ps(v + i), _mm256_setzero_ps())));
 #endif
-  for (; i < count; ++i) v[i] = std::sqrt(v[i] > 0.0f ? v[i] : 0.0f);
+  for (; i < count; ++i) out[i] = std::sqrt(v[i] > 0.0f ? v[i] : 0.0f);
 }
 
 }  // namespace detail
@@ -154,49 +153,44 @@ inline constexpr int kPolicyInputChunk = 64;
 
 // Input `in` of rows [row0, row0 + count), count <= kPolicyInputChunk, all of one group scaled
 // by s, into out[0, count). One loop per input with the choice outside it, so each loop
-// vectorises (math::log_poly); a feature column is first copied out of the [rows, 5] matrix,
-// since GCC left the loops that read it with a stride of 5 scalar. layer_last:
+// vectorises (math::log_poly) over a feature's contiguous column. layer_last:
 // layer_last_query_mass(f) when `in` is layer_last_alpha (else unread); budget: the rows each
 // group keeps (budget_age reads it).
 inline void fill_policy_input(const TokenFeatures& f, PolicyInput in, const PolicyInputScale& s,
                               const float* layer_last, int budget, int row0, int count,
                               float* DC_RESTRICT out) {
   DC_CHECK(count >= 0 && count <= kPolicyInputChunk, "fill_policy_input: ", count, " rows in one call");
+  // The group's scales as locals: read through `s` inside a loop, GCC left value_norm's loop
+  // scalar once its feature column was no longer a local array.
   const int n = s.rows, latest = f.latest_position;
-  float column[kPolicyInputChunk];
-  auto copy_column = [&](Feature c) {
-    const float* x = f.x.data() + std::size_t(row0) * kNumFeatures + std::size_t(c);
-    for (int i = 0; i < count; ++i) column[i] = x[std::size_t(i) * kNumFeatures];
-    return column;
-  };
+  const float mean_value_norm = s.mean_value_norm, entropy_scale = s.entropy_scale;
+  auto column = [&](Feature c) { return f.column(c) + row0; };
   const std::int32_t* DC_RESTRICT pos = f.position.data() + row0;
   switch (in) {
     case PolicyInput::alpha: {
-      const float* DC_RESTRICT c = copy_column(Feature::alpha);
+      const float* DC_RESTRICT c = column(Feature::alpha);
       for (int i = 0; i < count; ++i) out[i] = math::input_log_relative_mass(c[i], n);
       return;
     }
     case PolicyInput::value_norm: {
-      const float* DC_RESTRICT c = copy_column(Feature::value_norm);
-      for (int i = 0; i < count; ++i) out[i] = math::input_log_relative_norm(c[i], s.mean_value_norm);
+      const float* DC_RESTRICT c = column(Feature::value_norm);
+      for (int i = 0; i < count; ++i) out[i] = math::input_log_relative_norm(c[i], mean_value_norm);
       return;
     }
     case PolicyInput::head_variance: {
-      float* DC_RESTRICT c = copy_column(Feature::head_variance);
-      detail::sqrt_clamped_in_place(c, count);  // the standard deviation across heads
-      for (int i = 0; i < count; ++i) out[i] = math::input_log_relative_std(c[i], n);
+      float spread[kPolicyInputChunk];
+      detail::sqrt_clamped(column(Feature::head_variance), count, spread);  // the standard deviation across heads
+      for (int i = 0; i < count; ++i) out[i] = math::input_log_relative_std(spread[i], n);
       return;
     }
     case PolicyInput::entropy: {
-      const float* DC_RESTRICT c = copy_column(Feature::entropy);
-      for (int i = 0; i < count; ++i) out[i] = math::input_relative_entropy_scaled(c[i], s.entropy_scale);
+      const float* DC_RESTRICT c = column(Feature::entropy);
+      for (int i = 0; i < count; ++i) out[i] = math::input_relative_entropy_scaled(c[i], entropy_scale);
       return;
     }
-    case PolicyInput::position: {
-      const float* DC_RESTRICT c = copy_column(Feature::position);
-      for (int i = 0; i < count; ++i) out[i] = c[i];
+    case PolicyInput::position:
+      std::copy_n(column(Feature::position), count, out);
       return;
-    }
     case PolicyInput::last_alpha: {
       const float* DC_RESTRICT last = f.last_query_mass.data() + row0;
       for (int i = 0; i < count; ++i) out[i] = math::input_log_relative_mass(last[i], n);
