@@ -189,6 +189,31 @@ dc::TokenFeatures fixed_features(int groups = 1) {
   return f;
 }
 
+}  // namespace
+
+TEST_CASE("validate names the first bad entry when the check runs in parallel (> 65536 rows)") {
+  const dc::TokenFeatures good = fixed_features(4000);  // 80000 rows: the parallel pass
+  REQUIRE(good.size == 80000);
+  auto fails_with = [&](auto&& spoil, const char* message) {
+    dc::TokenFeatures f = good;
+    spoil(f);
+    CHECK_THROWS_WITH_AS(f.validate(), doctest::Contains(message), dc::Error);
+  };
+  fails_with([](dc::TokenFeatures& f) { f.key_norm[79999] = NAN; }, "'key_norm': entry 79999 is NaN");
+  fails_with([](dc::TokenFeatures& f) { f.column(dc::Feature::alpha)[70001] = INFINITY; },
+             "'alpha' of row 70001 is +inf");
+  fails_with([](dc::TokenFeatures& f) { f.group[75000] = 0; }, "row 75000 has group 0, lies in group 3750");
+  // A group reaching past the last row is named before any row's group is read.
+  fails_with([](dc::TokenFeatures& f) { f.groups.back().row_end += 5; }, "and end by 80000");
+  // Two faults: the row's group is reported before a non-finite value.
+  fails_with([](dc::TokenFeatures& f) {
+    f.group[100] = 7;
+    f.column(dc::Feature::entropy)[50] = NAN;
+  }, "row 100 has group 7");
+}
+
+namespace {
+
 // Reference: sort by (key descending, position ascending), take the first `budget`.
 std::vector<std::int32_t> top_by(const std::vector<double>& key, int budget) {
   std::vector<std::int32_t> idx(key.size());
