@@ -2,12 +2,15 @@
 //  - decode step with attention statistics on vs off, at contexts 1k to 8k;
 //  - one eviction (gather features + score + select + compact) at 25 % budget, per token of chunk,
 //    with H2O and with the learned MLP policy, and the scoring alone;
-//  - the decoder's own eviction at a 25 % budget (B + 16 slots back to B), per token;
+//  - the decoder's own eviction at a 25 % budget (B + 16 slots back to B), per token, with the
+//    wall time of each of its phases (gather, score, select, compact);
 //  - decode step time at a 25 % budget (evicting every 16 tokens) vs the full cache at 8k.
 //
 //   build/bench/bench_eviction --benchmark_out=bench/results/eviction_cpu.json --benchmark_out_format=json
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
+#include <chrono>
 #include <utility>
 #include <vector>
 
@@ -88,17 +91,36 @@ void evict_decode_chunk(benchmark::State& state) {
   dc::H2OPolicy h2o;
   dc::EvictionPolicy& policy = chosen_policy(long(state.range(1)), h2o);
   std::vector<float> scores;
+  // Wall time of each phase, summed over the iterations: which one an optimisation must target.
+  double gather_s = 0, score_s = 0, select_s = 0, compact_s = 0;
+  dc::TokenFeatures f;  // reused from eviction to eviction, as the decoder does
+  using clock = std::chrono::steady_clock;
+  auto seconds_since = [](clock::time_point t) { return std::chrono::duration<double>(clock::now() - t).count(); };
   for (auto _ : state) {
     state.PauseTiming();
     cache.copy_from(model.context(), full);
     state.ResumeTiming();
-    const dc::TokenFeatures f = dc::gather_features(model.context(), cache, dc::Granularity::head);
+    auto t = clock::now();
+    dc::gather_features_into(f, model.context(), cache, dc::Granularity::head);
+    gather_s += seconds_since(t);
+    t = clock::now();
     scores.assign(std::size_t(f.size), 0.0f);
     policy.score(f, budget, scores);
-    dc::compact_groups(model.context(), cache, f, dc::select_keep_groups(scores, f, budget));
+    score_s += seconds_since(t);
+    t = clock::now();
+    const dc::KeepSets keep = dc::select_keep_groups(scores, f, budget);
+    select_s += seconds_since(t);
+    t = clock::now();
+    dc::compact_groups(model.context(), cache, f, keep);
+    compact_s += seconds_since(t);
   }
   state.counters["per_token_us"] = benchmark::Counter(double(state.iterations()) * chunk,
                                                       benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+  const double per_eviction_us = 1e6 / double(std::max<benchmark::IterationCount>(state.iterations(), 1));
+  state.counters["gather_us"] = gather_s * per_eviction_us;
+  state.counters["score_us"] = score_s * per_eviction_us;
+  state.counters["select_us"] = select_s * per_eviction_us;
+  state.counters["compact_us"] = compact_s * per_eviction_us;
 }
 
 // Scoring alone (the policy's share of an eviction) on the features of a filled cache at head

@@ -302,6 +302,54 @@ TEST_CASE("select_keep protects sinks and recent tokens and rejects NaN scores")
   CHECK_THROWS_WITH_AS(dc::select_keep(bad, std::span(pos).first(2), 1), doctest::Contains("NaN"), dc::Error);
 }
 
+TEST_CASE("select_keep equals a full sort, on both of its paths (few dropped: one pass; many: nth_element)") {
+  // Oracle: every slot sorted by (protected first, score descending, position ascending), the
+  // first B listed in slot order. Scores from 4 values, so ties are everywhere; positions a
+  // permutation, so slot order is not position order; budgets from B = n - 1 (the one-pass
+  // path, a decode-time eviction) down to 0 (nth_element).
+  std::uint64_t state = 12345;
+  auto next = [&state](int bound) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return int((state >> 33) % std::uint64_t(bound));
+  };
+  int checked = 0;
+  for (int n : {1, 2, 17, 64, 200, 2064})
+    for (int trial = 0; trial < 4; ++trial) {
+      std::vector<float> scores(static_cast<std::size_t>(n));
+      std::vector<std::int32_t> pos(static_cast<std::size_t>(n));
+      std::iota(pos.begin(), pos.end(), 100);
+      for (int i = n - 1; i > 0; --i) std::swap(pos[std::size_t(i)], pos[std::size_t(next(i + 1))]);
+      for (auto& x : scores) {  // trial 3: a third of them infinite (H2O's recent rows, masked rows)
+        x = float(next(4));
+        if (trial == 3 && next(3) == 0) x = next(2) ? INFINITY : -INFINITY;
+      }
+      const int sink = trial == 2 ? std::min(2, n) : 0, recent = trial == 2 ? std::min(3, n - sink) : 0;
+      for (int drop : {1, 2, 3, n / 16, n / 16 + 1, n / 2, n}) {
+        const int budget = n - drop;
+        if (budget < 0 || budget < sink + recent) continue;
+        std::vector<std::int32_t> order(static_cast<std::size_t>(n));
+        std::iota(order.begin(), order.end(), 0);
+        std::vector<std::int32_t> by_position = order;
+        std::sort(by_position.begin(), by_position.end(),
+                  [&](std::int32_t a, std::int32_t b) { return pos[std::size_t(a)] < pos[std::size_t(b)]; });
+        std::vector<char> is_protected(static_cast<std::size_t>(n), 0);
+        for (int i = 0; i < sink; ++i) is_protected[std::size_t(by_position[std::size_t(i)])] = 1;
+        for (int i = n - recent; i < n; ++i) is_protected[std::size_t(by_position[std::size_t(i)])] = 1;
+        std::sort(order.begin(), order.end(), [&](std::int32_t a, std::int32_t b) {
+          const auto ua = std::size_t(a), ub = std::size_t(b);
+          if (is_protected[ua] != is_protected[ub]) return is_protected[ua] > is_protected[ub];
+          if (scores[ua] != scores[ub]) return scores[ua] > scores[ub];
+          return pos[ua] < pos[ub];
+        });
+        std::vector<std::int32_t> want(order.begin(), order.begin() + budget);
+        std::sort(want.begin(), want.end());
+        CHECK(dc::select_keep(scores, pos, budget, sink, recent) == want);
+        ++checked;
+      }
+    }
+  CHECK(checked > 100);
+}
+
 TEST_CASE("EvictingDecoder keeps the cache within B (+ chunk) and its bytes match the budget") {
   dc::HfModel m = dc::load_hf_model(kFixtures + "/tiny_mistral");
   dc::Transformer<dc::cpu> model(m.config, std::move(m.weights), 8);
@@ -588,6 +636,29 @@ TEST_CASE("head- and layer-granular features equal a naive computation per (laye
   cache.compact_layer(model.context(), 1, scattered_keep(n, 6, 1, 0));
   const auto after = dc::gather_features(model.context(), cache, dc::Granularity::head);
   CHECK(after.size == L * KV * 6);
+  // The decoder gathers into the set of its previous eviction: every field is replaced, whatever
+  // the set held (here more rows, another granularity, fewer groups).
+  dc::TokenFeatures reused = layer;
+  dc::gather_features_into(reused, model.context(), cache, dc::Granularity::head);
+  CHECK(reused.granularity == after.granularity);
+  CHECK(reused.size == after.size);
+  CHECK(reused.latest_position == after.latest_position);
+  CHECK(reused.num_groups() == after.num_groups());
+  for (int g = 0; g < after.num_groups(); ++g)
+    CHECK((reused.groups[std::size_t(g)].row_begin == after.groups[std::size_t(g)].row_begin &&
+           reused.groups[std::size_t(g)].row_end == after.groups[std::size_t(g)].row_end &&
+           reused.groups[std::size_t(g)].head_begin == after.groups[std::size_t(g)].head_begin &&
+           reused.groups[std::size_t(g)].layer_begin == after.groups[std::size_t(g)].layer_begin));
+  CHECK(reused.columns == after.columns);
+  CHECK(reused.group == after.group);
+  CHECK(reused.slot == after.slot);
+  CHECK(reused.position == after.position);
+  CHECK(reused.accumulated_mass == after.accumulated_mass);
+  CHECK(reused.last_query_mass == after.last_query_mass);
+  CHECK(reused.key_norm == after.key_norm);
+  CHECK(reused.has_expected_attention == after.has_expected_attention);
+  CHECK(reused.expected_attention == after.expected_attention);
+  CHECK(reused.group_value_norm_sum == after.group_value_norm_sum);
   for (int g = 0; g < KV; ++g)
     for (int i = 0; i < 6; ++i) {
       const int before_row = g * n + flat[std::size_t(g * 6 + i)];

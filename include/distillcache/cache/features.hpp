@@ -285,23 +285,51 @@ inline void write_group_rows(TokenFeatures& f, int g, int row0,
       }
     }
   }
+  // The rows' features and raw statistics, one output column per restrict pointer: written
+  // through f.column(...)[row] in one loop the compiler had to assume the columns alias and
+  // kept it scalar (a division at a time: 0.5 ms of a 4.9 ms decode-time eviction at B = 2048
+  // on SmolLM2). The same operations per row, so the same bits.
+  const std::size_t at = std::size_t(row0);
+  float* DC_RESTRICT alpha = f.column(Feature::alpha) + at;
+  float* DC_RESTRICT value_norm_out = f.column(Feature::value_norm) + at;
+  float* DC_RESTRICT variance = f.column(Feature::head_variance) + at;
+  float* DC_RESTRICT entropy = f.column(Feature::entropy) + at;
+  float* DC_RESTRICT position_out = f.column(Feature::position) + at;
+  std::int32_t* DC_RESTRICT group = f.group.data() + at;
+  std::int32_t* DC_RESTRICT slot = f.slot.data() + at;
+  std::int32_t* DC_RESTRICT position_raw = f.position.data() + at;
+  float* DC_RESTRICT accumulated = f.accumulated_mass.data() + at;
+  float* DC_RESTRICT last_mass = f.last_query_mass.data() + at;
+  float* DC_RESTRICT key_norm_out = f.key_norm.data() + at;
+  float* DC_RESTRICT expected_out = f.expected_attention.data() + at;
+  const float* DC_RESTRICT mass_in = column(mass);
+  const float* DC_RESTRICT queries_in = column(queries);
+  const float* DC_RESTRICT entropy_in = column(entropy_mass);
+  const float* DC_RESTRICT value_norm_in = column(value_norm);
+  const float* DC_RESTRICT key_norm_in = column(key_norm);
+  const float* DC_RESTRICT last_in = column(last);
+  const float* DC_RESTRICT expected_in = column(expected_mass);
+  const float* DC_RESTRICT sum_in = head_sum.data();
+  const float* DC_RESTRICT squares_in = head_squares.data();
+  const std::int32_t* DC_RESTRICT position_in = positions.data();
+  const int latest = f.latest_position;
+  const float layers_f = float(layers), query_heads_f = float(query_heads);
+  // One short loop per output column or two: GCC vectorises each, not one loop writing twelve.
   for (int i = 0; i < n; ++i) {
-    const int position = positions[std::size_t(i)];
-    const std::size_t row = std::size_t(row0 + i);
-    const float row_mass = column(mass)[i];
-    f.column(Feature::alpha)[row] = math::feature_alpha(row_mass, column(queries)[i], query_heads);
-    f.column(Feature::value_norm)[row] = column(value_norm)[i] / covered;
-    f.column(Feature::head_variance)[row] =
-        math::variance_from_sums(head_sum[std::size_t(i)], head_squares[std::size_t(i)], query_heads);
-    f.column(Feature::entropy)[row] = math::feature_entropy(column(entropy_mass)[i], row_mass);
-    f.column(Feature::position)[row] = math::feature_position(position, f.latest_position);
-    f.group[row] = g;
-    f.slot[row] = i;
-    f.position[row] = position;
-    f.accumulated_mass[row] = row_mass;
-    f.last_query_mass[row] = column(last)[i] / float(layers) / float(query_heads);
-    f.key_norm[row] = column(key_norm)[i] / covered;
-    f.expected_attention[row] = column(expected_mass)[i] / covered;
+    alpha[i] = math::feature_alpha(mass_in[i], queries_in[i], query_heads);
+    accumulated[i] = mass_in[i];
+  }
+  for (int i = 0; i < n; ++i) entropy[i] = math::feature_entropy(entropy_in[i], mass_in[i]);
+  for (int i = 0; i < n; ++i) variance[i] = math::variance_from_sums(sum_in[i], squares_in[i], query_heads);
+  for (int i = 0; i < n; ++i) value_norm_out[i] = value_norm_in[i] / covered;
+  for (int i = 0; i < n; ++i) key_norm_out[i] = key_norm_in[i] / covered;
+  for (int i = 0; i < n; ++i) expected_out[i] = expected_in[i] / covered;
+  for (int i = 0; i < n; ++i) last_mass[i] = last_in[i] / layers_f / query_heads_f;
+  for (int i = 0; i < n; ++i) {
+    position_out[i] = math::feature_position(position_in[i], latest);
+    position_raw[i] = position_in[i];
+    group[i] = g;
+    slot[i] = i;
   }
   f.group_value_norm_sum[std::size_t(g)] =  // the rows just written, still in cache
       n > 0 ? value_norm_sum(f.column(Feature::value_norm) + row0, n) : 0.0;
@@ -313,9 +341,14 @@ inline void write_group_rows(TokenFeatures& f, int g, int row0,
 // granularities need the slots they merge to be the same: shared needs every evictable layer and
 // head to hold the same positions, layer needs the heads of each layer to (they do unless finer
 // keep-sets were used).
+//
+// gather_features_into(f, ...) writes into an existing set, every field replaced: a decoder
+// that gathers every chunk tokens reuses one set, whose columns then keep their length (B +
+// chunk rows per group each time) and are not zero-filled again (13 columns, 9.7 MB at B =
+// 2048 on SmolLM2, filled on one thread: 0.3 ms of a 5.7 ms decode-time eviction).
 template <Backend B>
-TokenFeatures gather_features(const Context<B>& ctx, const KVCache<B>& cache,
-                              Granularity granularity = Granularity::shared) {
+void gather_features_into(TokenFeatures& f, const Context<B>& ctx, const KVCache<B>& cache,
+                          Granularity granularity = Granularity::shared) {
   const int layers = cache.num_layers(), kv_heads = cache.num_kv_heads(), cap = cache.capacity();
   const int group_size = cache.num_heads() / kv_heads;
   std::vector<bool> evictable(static_cast<std::size_t>(layers));
@@ -331,9 +364,10 @@ TokenFeatures gather_features(const Context<B>& ctx, const KVCache<B>& cache,
                "gather_features: layers ", reference, " and ", l,
                " hold different slots (per-layer keep-sets): gather at layer or head granularity");
 
-  TokenFeatures f;
   f.granularity = granularity;
+  f.size = 0;
   f.latest_position = cache.next_position() - 1;
+  f.groups.clear();
   // Each layer's statistics on the host, [kv_heads, rows, stride]: read in place on the CPU; a
   // copy of the valid slots (stride = length) from a GPU.
   const std::size_t block = std::size_t(kv_heads) * cache.stat_rows();
@@ -404,6 +438,13 @@ TokenFeatures gather_features(const Context<B>& ctx, const KVCache<B>& cache,
     detail::write_group_rows(f, g, f.groups[std::size_t(g)].row_begin, stats, expected, evictable,
                              *p.positions, p.l0, p.l1, p.h0, p.h1, group_size);
   }
+}
+
+template <Backend B>
+TokenFeatures gather_features(const Context<B>& ctx, const KVCache<B>& cache,
+                              Granularity granularity = Granularity::shared) {
+  TokenFeatures f;
+  gather_features_into(f, ctx, cache, granularity);
   return f;
 }
 

@@ -329,7 +329,10 @@ class KVCache {
     });
     for (int h = 0; h < kv_heads_; ++h) {
       auto& pos = host_positions_[flat(layer, h)];
-      for (int i = 0; i < count; ++i) pos[std::size_t(i)] = pos[std::size_t(keep[std::size_t(h) * count + i])];
+      const std::int32_t* head_keep = keep.data() + std::size_t(h) * count;
+      int i = 0;  // the slots before the first evicted one keep their positions
+      while (i < count && head_keep[i] == i) ++i;
+      for (; i < count; ++i) pos[std::size_t(i)] = pos[std::size_t(head_keep[i])];
       pos.resize(std::size_t(count));
       if (count) copy_to_backend(ctx, device_positions(layer, h), pos.data(), std::size_t(count));
     }

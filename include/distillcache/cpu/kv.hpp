@@ -53,26 +53,38 @@ void kv_compact(const Context<cpu>&, KV* k_cache, KV* v_cache, float* stats, int
                 int rows_of_stats, int capacity, std::span<const std::int32_t> keep, int count) {
   for (int h = 0; h < kv_heads; ++h) {
     const std::int32_t* head_keep = keep.data() + std::size_t(h) * count;
-    // Kept slots come in runs of consecutive slots (all but the evicted few): one move per run.
-    // Runs only ever move towards the front (keep is ascending, so head_keep[i] >= i), and
-    // std::copy front-to-back is safe for such overlaps.
-    for (int i = 0; i < count;) {
+    // Slots before the first evicted one stay where they are (keep is ascending, so once
+    // head_keep[i] != i it stays so). After it, the kept slots come in runs of consecutive slots,
+    // and runs only ever move towards the front (head_keep[i] >= i): std::copy front to back is
+    // safe for such overlaps. K/V rows move run by run. Statistics rows too where the runs are
+    // long (a decode-time eviction drops a chunk of 16 of B + 16 slots: a few runs of hundreds);
+    // where they are short (a prompt compressed to a quarter: runs of one or two slots), a slot
+    // by slot gather is cheaper than a copy call per run and row. Either way the same values.
+    int first = 0;
+    while (first < count && head_keep[first] == first) ++first;
+    int runs = 0;
+    for (int i = first; i < count; ++i) runs += i == first || head_keep[i] != head_keep[i - 1] + 1 ? 1 : 0;
+    const bool stats_by_run = std::int64_t(runs) * 16 <= std::int64_t(count - first);
+    for (int i = first; i < count;) {
       int end = i + 1;
       while (end < count && head_keep[end] == head_keep[end - 1] + 1) ++end;
-      if (head_keep[i] != i) {
-        const std::int64_t src = (std::int64_t(h) * capacity + head_keep[i]) * head_dim;
-        const std::int64_t dst = (std::int64_t(h) * capacity + i) * head_dim;
-        const std::int64_t elements = std::int64_t(end - i) * head_dim;
-        std::copy(k_cache + src, k_cache + src + elements, k_cache + dst);
-        std::copy(v_cache + src, v_cache + src + elements, v_cache + dst);
-      }
+      const std::int64_t run = end - i;
+      const std::int64_t src = (std::int64_t(h) * capacity + head_keep[i]) * head_dim;
+      const std::int64_t dst = (std::int64_t(h) * capacity + i) * head_dim;
+      std::copy(k_cache + src, k_cache + src + run * head_dim, k_cache + dst);
+      std::copy(v_cache + src, v_cache + src + run * head_dim, v_cache + dst);
+      if (stats && stats_by_run)
+        for (int r = 0; r < rows_of_stats; ++r) {
+          float* row = stats + (std::int64_t(h) * rows_of_stats + r) * capacity;
+          std::copy(row + head_keep[i], row + head_keep[i] + run, row + i);
+        }
       i = end;
     }
-    if (!stats) continue;
-    for (int r = 0; r < rows_of_stats; ++r) {
-      float* row = stats + (std::int64_t(h) * rows_of_stats + r) * capacity;
-      for (int i = 0; i < count; ++i) row[i] = row[head_keep[i]];
-    }
+    if (stats && !stats_by_run)
+      for (int r = 0; r < rows_of_stats; ++r) {
+        float* row = stats + (std::int64_t(h) * rows_of_stats + r) * capacity;
+        for (int i = first; i < count; ++i) row[i] = row[head_keep[i]];
+      }
   }
 }
 

@@ -163,7 +163,8 @@ class EvictingDecoder {
   }
 
   void evict() {
-    const TokenFeatures f = gather_features(model_.context(), cache_, granularity_);
+    gather_features_into(features_, model_.context(), cache_, granularity_);
+    const TokenFeatures& f = features_;
     scores_.assign(std::size_t(f.size), 0.0f);
     policy_.score(f, budget_tokens_, scores_);  // validates the features and the scores
     const KeepSets keep =
@@ -182,6 +183,7 @@ class EvictingDecoder {
   int max_prompt_;
   Granularity granularity_;
   KVCache<B> cache_;
+  TokenFeatures features_;  // the last eviction's, reused: its columns are not reallocated
   KeepSetSelector* selector_ = nullptr;
   std::vector<float> logits_, scores_;
   int budget_tokens_ = 0;

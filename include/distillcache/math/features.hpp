@@ -49,18 +49,23 @@ DC_HD float softmax_entropy(float log_partition, float expected_score) {
 }
 
 // alpha: mass per (head x query), given the layer-summed mass and observed-query counts.
+// The divisions below run unconditionally and a select discards a division by zero: the same
+// results as a branch, and a loop over rows (gather_features) vectorises only without branches.
 DC_HD float feature_alpha(float mass_sum, float query_sum, int num_heads) {
-  return query_sum > 0.0f ? mass_sum / (query_sum * static_cast<float>(num_heads)) : 0.0f;
+  const float alpha = mass_sum / (query_sum * static_cast<float>(num_heads));
+  return query_sum > 0.0f ? alpha : 0.0f;
 }
 
 // H: attention-weighted mean entropy of the queries attending to the token.
 DC_HD float feature_entropy(float entropy_mass_sum, float mass_sum) {
-  return mass_sum > 0.0f ? entropy_mass_sum / mass_sum : 0.0f;
+  const float entropy = entropy_mass_sum / mass_sum;
+  return mass_sum > 0.0f ? entropy : 0.0f;
 }
 
 // pos: normalised position; the newest token has 1.
 DC_HD float feature_position(int position, int latest_position) {
-  return latest_position > 0 ? static_cast<float>(position) / static_cast<float>(latest_position) : 1.0f;
+  const float relative = static_cast<float>(position) / static_cast<float>(latest_position);
+  return latest_position > 0 ? relative : 1.0f;
 }
 
 // Welford-free variance of n values from their sum and sum of squares (n small: heads).
