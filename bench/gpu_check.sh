@@ -1,28 +1,30 @@
 #!/usr/bin/env bash
-# One-call GPU checks for a machine with an NVIDIA GPU (run by hand or through the device tool),
-# in two stages, each one device call of at most 600 s:
+# GPU checks for a machine with an NVIDIA GPU (run by hand or through the device tool):
 #
-#   bash bench/gpu_check.sh OUT_DIR        build the CUDA targets for sm_90, run the CUDA tests once
-#                                          and bench_cuda (the tiny model, one Mistral layer)
-#   bash bench/gpu_check.sh OUT_DIR long   bench_cuda_long: Mistral-7B-v0.3's shape at 32k context,
-#                                          S = 1 and 16, full cache against 25 % (builds first if
-#                                          the first stage has not; about 95 GB of GPU memory)
+#   bash bench/gpu_check.sh OUT_DIR [STAGE]
 #
-# Each stage packs its logs into OUT_DIR/gpu_check.tar.gz next to the benchmark JSON and a summary
-# (a relative OUT_DIR is taken from the caller's folder).
-# Budget: the first stage's internal timeouts add up to 540 s (build 330 s on 16 cores, tests 90 s,
-# benchmarks 120 s); the second builds bench_cuda_long alone (one translation unit) and
-# gives the benchmark (6 runs of 64 decode steps) what is left of 560 s. Run it right after the first on the same warm machine:
-# together they are about 15 minutes at worst.
-# -Werror stays off here: CI enforces it with this project's compilers, and an untried host
-# compiler's new warning must not cost a device run. The CPU suite is not built: CI runs it.
-# Debian -dev packages the build needs: run bench/fetch_gpu_deps.sh beforehand where apt works
-# (it unpacks them into .deps/, carried to the GPU machine); this script adds .deps/usr to the
-# search paths when present.
+#   quick     every CUDA test once (CPU oracles) and bench_cuda (the tiny model, one Mistral layer)
+#   long      bench_cuda_long: Mistral-7B-v0.3's shape at 32k context, S = 1 and 16, full cache
+#             against 25 % (about 95 GB of GPU memory), then bench/gpu_long_summary.py
+#   all       quick, then long with the time that is left (the default: one device call)
+#   sanitize  the CUDA tests under compute-sanitizer's memcheck
+#
+# The programs come from .gpubin/ when bench/gpu_prebuild.sh made them elsewhere (nvcc without a
+# GPU is enough) and they start here; otherwise they are built for sm_90 with every core (about
+# 5 minutes of a lent device's time, which the prebuilt path saves). GPU_CHECK_BUDGET (seconds,
+# default 540) bounds the whole run: each step gets a timeout and what is left goes to the long
+# benchmark, whose JSON is read even when the timeout cuts it short. Logs are packed into
+# OUT_DIR/gpu_check.tar.gz next to the benchmark JSON and summary.txt (a relative OUT_DIR is taken
+# from the caller's folder).
+# -Werror stays off for a build here: CI enforces it with this project's compilers, and an untried
+# host compiler's new warning must not cost a device run. The CPU suite is not built: CI runs it.
+# Debian -dev packages the build needs: bench/fetch_gpu_deps.sh unpacks them into .deps/ where apt
+# works (carry it to the GPU machine); this script adds .deps/usr to the search paths.
 set -uo pipefail
-out=${1:?usage: bench/gpu_check.sh OUT_DIR [long]}
-stage=${2:-quick}
-case "$stage" in quick|long) ;; *) echo "gpu_check: unknown stage '$stage' (quick or long)" >&2; exit 2 ;; esac
+out=${1:?usage: bench/gpu_check.sh OUT_DIR [quick|long|all|sanitize]}
+stage=${2:-all}
+case "$stage" in quick|long|all|sanitize) ;; *) echo "gpu_check: unknown stage '$stage'" >&2; exit 2 ;; esac
+budget=${GPU_CHECK_BUDGET:-540}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)  # absolute before the cd below
 cd "$(dirname "$0")/.."
@@ -37,52 +39,93 @@ fi
 export PATH="/usr/local/cuda/bin:$PATH"
 {
   date -u
-  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv 2>&1
   nvcc --version | tail -2
   lscpu | grep -E 'Model name|^CPU\(s\)'
 } > "$logs/machine.txt" 2>&1
 
+left() { echo $((budget - SECONDS)); }
+step_timeout() {  # the smaller of the step's share and what is left, never below 20 s
+  local t=$(( $1 < $(left) ? $1 : $(left) ))
+  echo $(( t > 20 ? t : 20 ))
+}
 pack() {  # one archive of the logs, plus the summary and JSON as plain files
   cp "$logs/machine.txt" "$out/" 2>/dev/null
   tar -czf "$out/gpu_check.tar.gz" -C "$logs" . 2>/dev/null
 }
+summary() { tee -a "$out/summary.txt"; }
+: > "$out/summary.txt"
+
+# The programs: prebuilt ones if they start here, else a build.
+bin=""
+if [ -x .gpubin/dc_cuda_tests ] && [ -x .gpubin/bench_cuda ] && [ -x .gpubin/bench_cuda_long ]; then
+  built_in=$(cat .gpubin/source_dir 2>/dev/null || echo "$root")
+  # The tests open their fixtures under the folder they were built in: point it here.
+  if [ "$built_in" != "$root" ] && [ ! -e "$built_in/tests/fixtures" ]; then
+    mkdir -p "$(dirname "$built_in")" && ln -sfn "$root" "$built_in"
+  fi
+  # Where the CUDA libraries may live on that machine, then the OpenMP runtime prebuild copied.
+  for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib "$root/.gpubin/lib"; do
+    [ -d "$d" ] && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$d"
+  done
+  timeout 60 .gpubin/dc_cuda_tests --list-test-cases > "$logs/list.txt" 2>&1
+  listed=$?  # 0, or 77 where no device is usable: either way the program started
+  if ldd .gpubin/dc_cuda_tests .gpubin/bench_cuda > "$logs/ldd.txt" 2>&1 && ! grep -q "not found" "$logs/ldd.txt" &&
+     { [ $listed = 0 ] || [ $listed = 77 ]; }; then
+    bin="$root/.gpubin"
+    echo "programs: prebuilt ($(tr '\n' ' ' < .gpubin/commit))" | summary
+  else
+    echo "programs: the prebuilt ones do not start here (ldd.txt, list.txt in the archive); building" | summary
+  fi
+fi
+if [ -z "$bin" ]; then
+  targets="dc_cuda_tests bench_cuda"  # build only what the stage runs
+  case "$stage" in long) targets=bench_cuda_long ;; all) targets="$targets bench_cuda_long" ;; esac
+  generator=$(command -v ninja >/dev/null && echo Ninja || echo "Unix Makefiles")
+  if ! { timeout 60 cmake -S . -B build/gpu -G "$generator" -DCMAKE_BUILD_TYPE=Release -DDC_CUDA=ON \
+           -DCMAKE_CUDA_ARCHITECTURES=90 -DDC_WERROR=OFF -DDC_BUILD_EXAMPLES=OFF > "$logs/build.log" 2>&1 &&
+         timeout "$(step_timeout 330)" cmake --build build/gpu -j "$(nproc)" --target $targets \
+           >> "$logs/build.log" 2>&1; }; then
+    echo "gpu_check: build failed" | summary
+    tail -40 "$logs/build.log" | summary
+    pack
+    exit 1
+  fi
+  mkdir -p build/gpu/bin
+  for t in $targets; do cp build/gpu/tests/$t build/gpu/bench/$t build/gpu/bin/ 2>/dev/null; done
+  bin="$root/build/gpu/bin"
+  echo "programs: built here in ${SECONDS} s" | summary
+fi
 
 status=0
-targets="dc_cuda_tests bench_cuda"  # each stage builds only what it runs
-[ "$stage" = long ] && targets=bench_cuda_long
-generator=$(command -v ninja >/dev/null && echo Ninja || echo "Unix Makefiles")
-if ! { timeout 60 cmake -S . -B build/gpu -G "$generator" -DCMAKE_BUILD_TYPE=Release -DDC_CUDA=ON \
-         -DCMAKE_CUDA_ARCHITECTURES=90 -DDC_WERROR=OFF -DDC_BUILD_EXAMPLES=OFF > "$logs/build.log" 2>&1 &&
-       timeout 270 cmake --build build/gpu -j "$(nproc)" --target $targets \
-         >> "$logs/build.log" 2>&1; }; then
-  echo "gpu_check: build failed" | tee "$out/summary.txt"
-  tail -40 "$logs/build.log" | tee -a "$out/summary.txt"
-  pack
-  exit 1
+if [ "$stage" = quick ] || [ "$stage" = all ]; then
+  timeout "$(step_timeout 100)" "$bin/dc_cuda_tests" -d > "$logs/cuda_tests.log" 2>&1
+  tests_rc=$?
+  [ $tests_rc = 0 ] || status=1
+  {
+    echo "== dc_cuda_tests: exit status $tests_rc"
+    grep -E "test cases|assertions|SKIPPED|ERROR|FAILED|CHECK|REQUIRE|TEST CASE|values:|  CHECK" "$logs/cuda_tests.log" | head -60
+    tail -3 "$logs/cuda_tests.log"
+  } | summary
+  timeout "$(step_timeout 100)" "$bin/bench_cuda" --benchmark_out="$out/bench_cuda.json" \
+    --benchmark_out_format=json > "$logs/bench_cuda.txt" 2>&1 || status=1
+  { echo "== bench_cuda"; tail -30 "$logs/bench_cuda.txt"; } | summary
 fi
-
-if [ "$stage" = long ]; then
+if [ "$stage" = long ] || [ "$stage" = all ]; then
   nvidia-smi --query-gpu=memory.used,memory.total --format=csv > "$logs/memory_before.txt" 2>&1
-  timeout $((560 - SECONDS > 60 ? 560 - SECONDS : 60)) build/gpu/bench/bench_cuda_long --benchmark_out="$out/bench_cuda_long.json" \
+  timeout "$(step_timeout 600)" "$bin/bench_cuda_long" --benchmark_out="$out/bench_cuda_long.json" \
     --benchmark_out_format=json > "$logs/bench_cuda_long.txt" 2>&1 || status=1
   {
-    echo "gpu_check long: status $status"
-    tail -15 "$logs/bench_cuda_long.txt"
+    echo "== bench_cuda_long"
+    tail -12 "$logs/bench_cuda_long.txt"
     python3 bench/gpu_long_summary.py "$out/bench_cuda_long.json" 2>&1
-  } > "$out/summary.txt"
-  cat "$out/summary.txt"
-  pack
-  exit $status
+  } | summary
 fi
-
-timeout 90 build/gpu/tests/dc_cuda_tests -s -d > "$logs/cuda_tests.log" 2>&1 || status=1
-timeout 120 build/gpu/bench/bench_cuda --benchmark_out="$out/bench_cuda.json" \
-  --benchmark_out_format=json > "$logs/bench_cuda.txt" 2>&1 || status=1
-{
-  echo "gpu_check: status $status"
-  grep -E "test cases|assertions|SKIPPED|ERROR|FAILED" "$logs/cuda_tests.log" | tail -20
-  tail -25 "$logs/bench_cuda.txt"
-} > "$out/summary.txt"
-cat "$out/summary.txt"
+if [ "$stage" = sanitize ]; then
+  timeout "$(step_timeout 500)" compute-sanitizer --tool memcheck --leak-check full --error-exitcode 9 \
+    "$bin/dc_cuda_tests" > "$logs/memcheck.log" 2>&1 || status=1
+  { echo "== memcheck"; grep -E "ERROR SUMMARY|Invalid|test cases|assertions" "$logs/memcheck.log" | head -30; tail -5 "$logs/memcheck.log"; } | summary
+fi
+echo "gpu_check $stage: status $status after ${SECONDS} s" | summary
 pack
 exit $status

@@ -330,9 +330,8 @@ class KVCache {
     for (int h = 0; h < kv_heads_; ++h) {
       auto& pos = host_positions_[flat(layer, h)];
       const std::int32_t* head_keep = keep.data() + std::size_t(h) * count;
-      int i = 0;  // the slots before the first evicted one keep their positions
-      while (i < count && head_keep[i] == i) ++i;
-      for (; i < count; ++i) pos[std::size_t(i)] = pos[std::size_t(head_keep[i])];
+      for (int i = slots_in_place(head_keep, count); i < count; ++i)
+        pos[std::size_t(i)] = pos[std::size_t(head_keep[i])];
       pos.resize(std::size_t(count));
       if (count) copy_to_backend(ctx, device_positions(layer, h), pos.data(), std::size_t(count));
     }

@@ -45,6 +45,14 @@ void kv_write(const Context<cpu>&, KV* k_cache, KV* v_cache, const float* k, con
   }
 }
 
+// How many leading slots of an ascending keep-set stay where they are (head_keep[i] == i): a
+// compaction moves nothing before the first evicted slot.
+inline int slots_in_place(const std::int32_t* head_keep, int count) {
+  int i = 0;
+  while (i < count && head_keep[i] == i) ++i;
+  return i;
+}
+
 // Per-head compaction: KV head h keeps slots keep[h*count] < keep[h*count + 1] < ... (count of
 // them, moved to the front in that order) of its K/V rows and its statistics rows. In place:
 // keep[h*count + i] >= i, so a forward copy never overwrites a row still needed.
@@ -60,8 +68,7 @@ void kv_compact(const Context<cpu>&, KV* k_cache, KV* v_cache, float* stats, int
     // long (a decode-time eviction drops a chunk of 16 of B + 16 slots: a few runs of hundreds);
     // where they are short (a prompt compressed to a quarter: runs of one or two slots), a slot
     // by slot gather is cheaper than a copy call per run and row. Either way the same values.
-    int first = 0;
-    while (first < count && head_keep[first] == first) ++first;
+    const int first = slots_in_place(head_keep, count);
     int runs = 0;
     for (int i = first; i < count; ++i) runs += i == first || head_keep[i] != head_keep[i - 1] + 1 ? 1 : 0;
     const bool stats_by_run = std::int64_t(runs) * 16 <= std::int64_t(count - first);
