@@ -175,7 +175,7 @@ int main(int argc, char** argv) {
   std::string model_path, text_path, csv_path, budgets_arg = "0.125,0.25,0.5",
                                                 policies_arg = "random,streaming,h2o,snapkv,tova,knorm",
                                                 mode_arg = "decode", dtype = "f32", kv_dtype_arg = "f32";
-  int context = 1024, continuation = 32, max_contexts = 8, chunk = 16, sink = 0, recent = 0, batch = 16;
+  int context = 1024, continuation = 32, max_contexts = 8, chunk = 0, sink = 0, recent = 0, batch = 16;
   std::uint64_t seed = 0;
   app.add_option("--model", model_path, "GGUF model file")->required();
   app.add_option("--text", text_path, "a .txt file or a folder of them (not with --task)");
@@ -190,7 +190,9 @@ int main(int argc, char** argv) {
   app.add_option("--max-contexts", max_contexts, "contexts to evaluate")->check(integer_in(1, 1 << 20));
   app.add_option("--mode", mode_arg, "prefill: compress once; decode: also evict while decoding")
       ->check(CLI::IsMember({"prefill", "decode"}));
-  app.add_option("--chunk", chunk, "decode-mode slack: evict back to B at B + chunk")->check(integer_in(1, 1 << 16));
+  app.add_option("--chunk", chunk, "decode-mode slack: evict back to B at B + chunk (default: B / 64, at least 16)")
+      ->check(integer_in(1, 1 << 16))
+      ->default_str("B/64, >= 16");
   app.add_option("--sink", sink, "first tokens always kept")->check(integer_in(0, 1 << 20));
   app.add_option("--recent", recent, "newest tokens always kept")->check(integer_in(0, 1 << 20));
   app.add_option("--seed", seed, "seed of the random policy")->check(unsigned_integer());

@@ -304,9 +304,9 @@ std::vector<BadInput> bad_inputs(const dc_test::TempDir& tmp) {
     b.recent = 2;
     b.resolve(16);
   }, "exceed the budget of 4");
-  add("Budget::resolve", "chunk 0", [&] {
+  add("Budget::resolve", "negative chunk", [&] {
     dc::Budget b = dc::Budget::of_tokens(4);
-    b.chunk = 0;
+    b.chunk = -1;
     b.resolve(16);
   }, "chunk must be >= 1");
   add("Budget::resolve", "empty prompt", [&] { dc::Budget::of_tokens(4).resolve(0); },

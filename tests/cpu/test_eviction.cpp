@@ -9,6 +9,7 @@
 #include <cstring>
 #include <map>
 #include <numeric>
+#include <random>
 
 #include <distillcache/distillcache.hpp>
 
@@ -375,6 +376,38 @@ TEST_CASE("EvictingDecoder keeps the cache within B (+ chunk) and its bytes matc
   for (int t = 16; t < 24; ++t) once.step(ids[std::size_t(t)]);
   CHECK(once.cache().length() == 16);
   CHECK(once.evictions() == 1);
+}
+
+TEST_CASE("the default chunk grows with the budget: B / 64 tokens, at least 16; a set chunk wins") {
+  dc::Budget budget = dc::Budget::of_tokens(1280);
+  CHECK(budget.chunk_for(8) == 16);
+  CHECK(budget.chunk_for(1087) == 16);
+  CHECK(budget.chunk_for(1088) == 17);
+  CHECK(budget.chunk_for(2048) == 32);
+  dc::Budget fixed = budget;
+  fixed.chunk = 5;
+  CHECK(fixed.chunk_for(2048) == 5);
+
+  // A decoder at B = 1280 evicts every 1280 / 64 = 20 decoded tokens.
+  dc::HfModel m = dc::load_hf_model(kFixtures + "/tiny_mistral");
+  m.config.max_position = 1400;
+  dc::Transformer<dc::cpu> model(m.config, std::move(m.weights), 64);
+  std::mt19937 rng(3);
+  std::uniform_int_distribution<std::int32_t> token(0, m.config.vocab_size - 1);
+  std::vector<std::int32_t> ids(1360);
+  for (auto& t : ids) t = token(rng);
+  dc::H2OPolicy policy;
+  dc::EvictingDecoder<dc::cpu> dec(model, policy, budget, dc::EvictionMode::decode, 1300, 60);
+  dec.prefill(std::span(ids).first(1300));
+  CHECK(dec.chunk_tokens() == 20);
+  CHECK(dec.cache().length() == 1280);
+  int longest = 0;
+  for (int t = 1300; t < 1360; ++t) {
+    dec.step(ids[std::size_t(t)]);
+    longest = std::max(longest, dec.cache().length());
+  }
+  CHECK(longest == 1280 + 20 - 1);  // reaching B + chunk evicts back to B
+  CHECK(dec.evictions() == 1 + 60 / 20);
 }
 
 TEST_CASE("impossible budgets give clear errors") {

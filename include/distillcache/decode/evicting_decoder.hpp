@@ -113,6 +113,8 @@ class EvictingDecoder {
 
   const KVCache<B>& cache() const { return cache_; }
   int budget_tokens() const { return budget_tokens_; }
+  // Tokens decoded between decode-time evictions (Budget::chunk_for of the resolved budget).
+  int chunk_tokens() const { return chunk_tokens_; }
   // Slots each layer keeps (math/layer_budgets.hpp); empty when every layer keeps budget_tokens().
   const std::vector<int>& layer_budgets() const { return layer_budgets_; }
   int evictions() const { return evictions_; }
@@ -131,13 +133,14 @@ class EvictingDecoder {
   }
   void evict_if_due() {
     if (mode_ == EvictionMode::decode && policy_.evicts() &&
-        std::int64_t(cache_.evictable_length()) >= std::int64_t(largest_budget_) + budget_.chunk)
+        std::int64_t(cache_.evictable_length()) >= std::int64_t(largest_budget_) + chunk_tokens_)
       evict();
   }
 
   std::span<const float> compress_prompt(int n) {
     evictions_ = 0;
     budget_tokens_ = budget_.resolve(n);
+    chunk_tokens_ = budget_.chunk_for(budget_tokens_);
     resolve_layer_budgets(n);
     cache_.set_observed_from(0);  // from now on every query is observed
     if (policy_.evicts() && cache_.evictable_length() > budget_tokens_) evict();
@@ -187,6 +190,7 @@ class EvictingDecoder {
   KeepSetSelector* selector_ = nullptr;
   std::vector<float> logits_, scores_;
   int budget_tokens_ = 0;
+  int chunk_tokens_ = 0;
   std::vector<int> layer_budgets_;
   int largest_budget_ = 0;  // the most slots a layer keeps after an eviction
   int evictions_ = 0;
