@@ -79,8 +79,8 @@ void evict_once(benchmark::State& state) {
 // and 512 (of 2k). Divided by the chunk it is the per-token cost to set against a decode step
 // at the same length (decode_with_statistics). Arg 0: B; arg 1: the policy (0 H2O, 1-3 the
 // learned MLP's shapes, whose recent window then covers half the rows); arg 2: the chunk
-// (examples/eval --chunk; by default B / 64, at least 16: 32 at B = 2048); arg 3: the cache's K/V storage (0 fp32, 1 bf16: half
-// the bytes the compaction moves).
+// (examples/eval --chunk; by default B / 64, at least 16: 32 at B = 2048); arg 3: the cache's
+// K/V storage (0 fp32, 1 bf16: half the bytes the compaction moves).
 void evict_decode_chunk(benchmark::State& state) {
   const int budget = int(state.range(0)), chunk = int(state.range(2)), context = budget + chunk;
   const dc::DType kv_type = state.range(3) ? dc::DType::bf16 : dc::DType::f32;
@@ -141,8 +141,9 @@ void score_only(benchmark::State& state) {
   state.counters["rows"] = double(f.size);
 }
 
-// Arg 0: 1 = evicting decoder at 25 % of 8k (B = 2032, the default chunk: 31), 0 = full cache at 8k. Arg 1:
-// granularity of the evictions (0 shared, 2 head); the cache holds the same bytes either way.
+// Arg 0: 1 = evicting decoder at 25 % of 8k (B = 2032, the default chunk: 31), 0 = full cache
+// at 8k. Arg 1: granularity of the evictions (0 shared, 2 head); the cache holds the same bytes
+// either way.
 void decode_budget_vs_full(benchmark::State& state) {
   const auto granularity = dc::Granularity(state.range(1));
   const int context = 8191 - 64;

@@ -70,7 +70,7 @@ if [ -x .gpubin/dc_cuda_tests ] && [ -x .gpubin/bench_cuda ] && [ -x .gpubin/ben
   done
   timeout 60 .gpubin/dc_cuda_tests --list-test-cases > "$logs/list.txt" 2>&1
   listed=$?  # 0, or 77 where no device is usable: either way the program started
-  if ldd .gpubin/dc_cuda_tests .gpubin/bench_cuda > "$logs/ldd.txt" 2>&1 && ! grep -q "not found" "$logs/ldd.txt" &&
+  if ldd .gpubin/dc_cuda_tests .gpubin/bench_cuda .gpubin/bench_cuda_long > "$logs/ldd.txt" 2>&1 && ! grep -q "not found" "$logs/ldd.txt" &&
      { [ $listed = 0 ] || [ $listed = 77 ]; }; then
     bin="$root/.gpubin"
     echo "programs: prebuilt ($(tr '\n' ' ' < .gpubin/commit))" | summary
@@ -92,7 +92,9 @@ if [ -z "$bin" ]; then
     exit 1
   fi
   mkdir -p build/gpu/bin
-  for t in $targets; do cp build/gpu/tests/$t build/gpu/bench/$t build/gpu/bin/ 2>/dev/null; done
+  for t in $targets; do  # the test program is under tests/, the benchmarks under bench/
+    for dir in tests bench; do [ -x "build/gpu/$dir/$t" ] && cp "build/gpu/$dir/$t" build/gpu/bin/; done
+  done
   bin="$root/build/gpu/bin"
   echo "programs: built here in ${SECONDS} s" | summary
 fi
@@ -104,7 +106,7 @@ if [ "$stage" = quick ] || [ "$stage" = all ]; then
   [ $tests_rc = 0 ] || status=1
   {
     echo "== dc_cuda_tests: exit status $tests_rc"
-    grep -E "test cases|assertions|SKIPPED|ERROR|FAILED|CHECK|REQUIRE|TEST CASE|values:|  CHECK" "$logs/cuda_tests.log" | head -60
+    grep -E "test cases|assertions|SKIPPED|ERROR|FAILED|CHECK|REQUIRE|TEST CASE|values:" "$logs/cuda_tests.log" | head -60
     tail -3 "$logs/cuda_tests.log"
   } | summary
   timeout "$(step_timeout 100)" "$bin/bench_cuda" --benchmark_out="$out/bench_cuda.json" \
