@@ -5,6 +5,18 @@
 //                 window 4096) with a 1024-token vocabulary, bf16 weights
 // with random weights (cuRAND's host Philox generator: fast, and needs no device).
 //
+// Then the kernels a Mistral-7B decode step is made of, each timed alone on the device (CUDA
+// events around repeated launches, so the time is the GPU's, not the host's):
+//   matmul_bf16/out/in/n  y[n, out] = x[n, in] W^T at the model's shapes (wq/wo, wk/wv,
+//                 gate/up, down, lm_head), n = 1, 4, 8 (the GEMV) and 16 (cuBLAS); counters: the
+//                 weights' bytes per second and that over the GPU's peak. Consecutive launches
+//                 read different copies of W (512 MB in all), so L2 (50 MB) cannot serve them.
+//   attention_32k/S/stats  one decode query per sequence over a 32k bf16 cache (32 query, 8 KV
+//                 heads of 128), S caches one after another as Transformer::forward_batch runs
+//                 them, statistics off or on; counters: K/V bytes per second, fraction of peak.
+//   small_kernel  rmsnorm of one 4096-wide row, launched back to back: what a kernel that does
+//                 almost nothing costs on the device (a decode step launches ~15 per layer).
+//
 // The cache grows by one token (decode) or 64 (prefill) per iteration, so iterations are fixed and
 // the cache is pre-filled so that the mean context over the timed iterations is the nominal one.
 // Each iteration ends with the logits copied to the host (forward synchronises), so real time is
@@ -160,6 +172,143 @@ void register_model(Models& models, const std::string& name) {
   }
 }
 
+// ---- single kernels at Mistral-7B's shapes -----------------------------------------------------
+
+// Times `reps` calls of op(r) between two CUDA events per iteration; the reported time is one
+// call's.
+template <class Op>
+void time_on_device(benchmark::State& state, const dc::Context<dc::cuda>& ctx, int reps, Op op) {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  DC_CUDA_CHECK(cudaEventCreate(&start));
+  DC_CUDA_CHECK(cudaEventCreate(&stop));
+  try {
+    for (int r = 0; r < reps; ++r) op(r);  // warm-up: first-launch costs, cuBLAS heuristics
+    for (auto _ : state) {
+      DC_CUDA_CHECK(cudaEventRecord(start, ctx.stream()));
+      for (int r = 0; r < reps; ++r) op(r);
+      DC_CUDA_CHECK(cudaEventRecord(stop, ctx.stream()));
+      DC_CUDA_CHECK(cudaEventSynchronize(stop));
+      float ms = 0.0f;
+      DC_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+      state.SetIterationTime(double(ms) * 1e-3 / reps);
+    }
+  } catch (...) {
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+    throw;
+  }
+  DC_CUDA_CHECK(cudaEventDestroy(start));
+  DC_CUDA_CHECK(cudaEventDestroy(stop));
+}
+
+void bandwidth_counters(benchmark::State& state, double bytes_per_call) {
+  state.counters["bytes/s"] = benchmark::Counter(bytes_per_call * double(state.iterations()),
+                                                 benchmark::Counter::kIsRate);
+  state.counters["peak_bytes/s"] = dc_bench::peak_bandwidth();
+}
+
+void matmul_bf16(benchmark::State& state) {
+  try {
+    const int out = int(state.range(0)), in = int(state.range(1)), n = int(state.range(2));
+    dc::Context<dc::cuda> ctx;
+    const std::int64_t per = std::int64_t(out) * in;
+    const std::int64_t copies = std::max<std::int64_t>(2, (std::int64_t(512) << 20) / (2 * per));
+    dc::Tensor<dc::bf16, dc::cuda> w(dc::Shape{copies * per});
+    const float a = std::sqrt(3.0f / float(in));
+    dc_bench::fill_uniform(ctx, w.data(), copies * per, -a, a, 7);
+    dc::Tensor<float, dc::cuda> x(dc::Shape{std::int64_t(n) * in}), y(dc::Shape{std::int64_t(n) * out});
+    dc_bench::fill_uniform(ctx, x.data(), x.numel(), -1.0f, 1.0f, 8);
+    time_on_device(state, ctx, 20, [&](int r) {
+      dc::matmul(ctx, y.data(), x.data(), w.data() + (r % copies) * per, n, in, out);
+    });
+    bandwidth_counters(state, 2.0 * double(per));
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+  }
+}
+
+void attention_32k(benchmark::State& state) {
+  try {
+    const int sequences = int(state.range(0));
+    const bool with_stats = state.range(1) != 0;
+    constexpr int kLen = 32768, kHeads = 32, kKvHeads = 8, kHeadDim = 128;
+    const dc::AttentionShape shape{kHeads, kKvHeads, kHeadDim, 0, 1.0f / std::sqrt(float(kHeadDim)), kLen + 1};
+    dc::Context<dc::cuda> ctx;
+    const std::int64_t kv = std::int64_t(kKvHeads) * shape.capacity * kHeadDim;
+    const std::int64_t stat_floats = dc::stat_block_floats(kHeads, kKvHeads, shape.capacity);
+    std::vector<dc::Tensor<dc::bf16, dc::cuda>> keys, values;
+    std::vector<dc::Tensor<float, dc::cuda>> stats;
+    for (int s = 0; s < sequences; ++s) {
+      keys.emplace_back(dc::Shape{kv});
+      values.emplace_back(dc::Shape{kv});
+      dc_bench::fill_uniform(ctx, keys.back().data(), kv, -0.5f, 0.5f, 100 + 2 * std::uint64_t(s));
+      dc_bench::fill_uniform(ctx, values.back().data(), kv, -0.5f, 0.5f, 101 + 2 * std::uint64_t(s));
+      if (with_stats) {
+        stats.emplace_back(dc::Shape{stat_floats});
+        dc_bench::fill_uniform(ctx, stats.back().data(), stat_floats, 0.0f, 1.0f, 300 + std::uint64_t(s));
+      }
+    }
+    std::vector<std::int32_t> positions(std::size_t(kKvHeads) * shape.capacity);
+    for (int h = 0; h < kKvHeads; ++h)
+      for (int j = 0; j < shape.capacity; ++j) positions[std::size_t(h) * shape.capacity + j] = j;
+    dc::Tensor<std::int32_t, dc::cuda> key_pos(dc::Shape{std::int64_t(positions.size())});
+    dc::copy_to_backend(ctx, key_pos.data(), positions.data(), positions.size());
+    dc::Tensor<float, dc::cuda> q(dc::Shape{std::int64_t(sequences) * kHeads * kHeadDim});
+    dc::Tensor<float, dc::cuda> out(dc::Shape{q.numel()});
+    dc_bench::fill_uniform(ctx, q.data(), q.numel(), -1.0f, 1.0f, 9);
+    const std::int32_t* query_pos = key_pos.data() + kLen - 1;  // the newest slot's position
+    time_on_device(state, ctx, 5, [&](int) {
+      for (int s = 0; s < sequences; ++s) {
+        const std::int64_t row = std::int64_t(s) * kHeads * kHeadDim;
+        const dc::AttentionStats st{with_stats ? stats[std::size_t(s)].data() : nullptr, 0};
+        dc::attention(ctx, out.data() + row, q.data() + row, keys[std::size_t(s)].data(),
+                      values[std::size_t(s)].data(), key_pos.data(), kLen, query_pos, 1, shape, st);
+      }
+    });
+    bandwidth_counters(state, 2.0 * double(sequences) * kKvHeads * kLen * kHeadDim * sizeof(dc::bf16));
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+  }
+}
+
+void small_kernel(benchmark::State& state) {
+  try {
+    dc::Context<dc::cuda> ctx;
+    constexpr int kWidth = 4096;
+    dc::Tensor<float, dc::cuda> x(dc::Shape{kWidth}), y(dc::Shape{kWidth}), w(dc::Shape{kWidth});
+    dc_bench::fill_uniform(ctx, x.data(), kWidth, -1.0f, 1.0f, 10);
+    dc_bench::fill_uniform(ctx, w.data(), kWidth, 1.0f, 1.0f, 0);
+    time_on_device(state, ctx, 200, [&](int) { dc::rmsnorm(ctx, y.data(), x.data(), w.data(), 1, kWidth, 1e-5f); });
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+  }
+}
+
+void register_kernels() {
+  struct MatrixShape {
+    int out, in;
+  };
+  // wq and wo, wk and wv, gate and up, down, lm_head (vocabulary 32768).
+  for (const MatrixShape m : {MatrixShape{4096, 4096}, MatrixShape{1024, 4096}, MatrixShape{14336, 4096},
+                              MatrixShape{4096, 14336}, MatrixShape{32768, 4096}})
+    for (const int n : {1, 4, 8, 16})
+      benchmark::RegisterBenchmark("matmul_bf16", matmul_bf16)
+          ->Args({m.out, m.in, n})
+          ->ArgNames({"out", "in", "n"})
+          ->Iterations(10)
+          ->UseManualTime()
+          ->Unit(benchmark::kMicrosecond);
+  for (const int sequences : {1, 16})
+    for (const int with_stats : {0, 1})
+      benchmark::RegisterBenchmark("attention_32k", attention_32k)
+          ->Args({sequences, with_stats})
+          ->ArgNames({"S", "stats"})
+          ->Iterations(10)
+          ->UseManualTime()
+          ->Unit(benchmark::kMicrosecond);
+  benchmark::RegisterBenchmark("small_kernel", small_kernel)->Iterations(10)->UseManualTime()->Unit(benchmark::kMicrosecond);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -167,6 +316,7 @@ int main(int argc, char** argv) {
   Models models;
   register_model<float>(models, "tiny_f32");
   register_model<dc::bf16>(models, "mistral_layer_bf16");
+  register_kernels();
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();

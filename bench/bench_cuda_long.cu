@@ -4,14 +4,24 @@
 //   full      every sequence attends over its whole 32k cache (no statistics, nothing evicted);
 //   25%/once  the prompt compressed to 25 % once (H2O, one keep-set per (layer, KV head)), then
 //             decoding with attention statistics on and no further eviction;
-//   25%/c16   the same, evicting back to the budget every 16 decoded tokens (the decoder's
-//             decode mode: what a deployment runs).
+//   25%/evict the same, evicting back to the budget every chunk decoded tokens (the decoder's
+//             decode mode, what a deployment runs; the default chunk, B / 64 = 128 at B = 8192,
+//             so each sequence evicts once in the 128 timed steps).
+//   evict_phases  one decode-time eviction of one sequence (8192 + 128 slots back to 8192), its
+//             phases timed apart: gathering the features (the statistics copied to the host and
+//             formed into columns), scoring, choosing the keep-sets, compacting the cache; then
+//             the same eviction in place on the device (decode/in_place_eviction.cuh, what the decoder runs
+//             for H2O, so the 25%/evict rows above include it, not the host path).
 // Counters: tokens/s (all sequences), ms per step, achieved HBM bandwidth (the bf16 weights plus
 // every sequence's K/V, read once per step, over the step's time) and its fraction of the GPU's
 // peak (2 x memory clock x bus width), cached tokens per sequence, evictions while decoding (all
 // sequences; the prompt's compression not counted); adopt_ms is the
 // untimed setup per sequence (copying the 32k cache and compressing it). The eviction overhead per
-// token is the difference of 25%/c16 and 25%/once over S x steps (bench/gpu_check.sh prints it).
+// token is the difference of 25%/evict and 25%/once over S x steps (bench/gpu_long_summary.py).
+//
+// The second timed step of each decode benchmark (not the first: one-time setup) sits between
+// cudaProfilerStart and cudaProfilerStop, so `ncu --profile-from-start off` measures the kernels of
+// exactly one step (bench/gpu_check.sh's profile stage).
 //
 // The caches are filled with random K/V and statistics, not by a 32k-token prefill (minutes per
 // sequence on this library's attention): decode cost depends on how long the cache is, not on how
@@ -31,9 +41,13 @@
 #include <cstdio>
 #include <exception>
 #include <memory>
+#include <optional>
+#include <stdexcept>
 #include <span>
 #include <string>
 #include <vector>
+
+#include <cuda_profiler_api.h>
 
 #include <distillcache/distillcache.cuh>
 
@@ -42,7 +56,7 @@
 namespace {
 
 constexpr int kContext = 32768;
-constexpr int kSteps = 64;  // timed decode steps: 4 evictions per sequence at chunk 16
+constexpr int kSteps = 128;  // timed decode steps: one eviction per sequence at the default chunk
 constexpr double kBudget = 0.25;
 
 dc::ModelConfig mistral_config() {
@@ -51,26 +65,7 @@ dc::ModelConfig mistral_config() {
   return c;
 }
 
-// p[i] = uniform in [lo, hi) from a hash of (seed, i), stored as T (float or bf16).
-template <class T>
-__global__ void fill_uniform_kernel(T* p, std::int64_t n, float lo, float hi, std::uint64_t seed) {
-  const std::int64_t stride = std::int64_t(gridDim.x) * blockDim.x;
-  for (std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    std::uint64_t x = seed + std::uint64_t(i) * 0x9e3779b97f4a7c15ull;  // splitmix64
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    x ^= x >> 31;
-    dc::cuda_detail::store_float(p + i, lo + (hi - lo) * float(x >> 40) * 0x1p-24f);
-  }
-}
-
-template <class T>
-void fill_uniform(const dc::Context<dc::cuda>& ctx, T* p, std::int64_t n, float lo, float hi, std::uint64_t seed) {
-  constexpr int kThreads = 256;
-  fill_uniform_kernel<T><<<dc::cuda_detail::grid_for(n, kThreads, 8 * ctx.sm_count()), kThreads, 0, ctx.stream()>>>(
-      p, n, lo, hi, seed);
-  DC_CUDA_CHECK_LAUNCH("fill_uniform_kernel");
-}
+using dc_bench::fill_uniform;
 
 // A matrix [rows, cols] uniform with variance 1/cols (or 1: embeddings), as N(0, 1/in) would be.
 dc::Tensor<dc::bf16, dc::cuda> random_matrix(const dc::Context<dc::cuda>& ctx, std::int64_t rows, std::int64_t cols,
@@ -126,15 +121,6 @@ double kv_bytes(const dc::ModelConfig& c, double slots) {
   return 2.0 * c.num_layers * c.num_kv_heads * slots * c.head_dim * sizeof(dc::bf16);
 }
 
-// The GPU's peak memory bandwidth in bytes/s: double data rate x memory clock x bus width.
-double peak_bandwidth() {
-  int device = 0, clock_khz = 0, bus_bits = 0;
-  DC_CUDA_CHECK(cudaGetDevice(&device));
-  DC_CUDA_CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, device));
-  DC_CUDA_CHECK(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device));
-  return 2.0 * clock_khz * 1e3 * bus_bits / 8.0;
-}
-
 using Model = dc::Transformer<dc::cuda, dc::bf16>;
 
 // The model and the 32k cache every sequence starts from (random K/V and statistics, observed
@@ -180,13 +166,19 @@ std::vector<std::vector<std::int32_t>> step_tokens(int sequences, int vocab) {
   return steps;
 }
 
+// Brackets the second timed step for a profiler started with --profile-from-start off.
+void profile_step(int step, bool before) {
+  if (step != 1) return;
+  DC_CUDA_CHECK(before ? cudaProfilerStart() : cudaProfilerStop());
+}
+
 void report(benchmark::State& state, const dc::ModelConfig& cfg, int sequences, double mean_slots) {
   const double steps = double(state.iterations());
   state.counters["tokens/s"] = benchmark::Counter(steps * sequences, benchmark::Counter::kIsRate);
   state.counters["steps/s"] = benchmark::Counter(steps, benchmark::Counter::kIsRate);
   const double bytes = weight_bytes(cfg) + sequences * kv_bytes(cfg, mean_slots);
   state.counters["HBM_bytes/s"] = benchmark::Counter(bytes * steps, benchmark::Counter::kIsRate);
-  state.counters["peak_HBM_bytes/s"] = peak_bandwidth();
+  state.counters["peak_HBM_bytes/s"] = dc_bench::peak_bandwidth();
   state.counters["cached_tokens"] = mean_slots;
   state.counters["sequences"] = sequences;
 }
@@ -210,7 +202,11 @@ void decode_full(benchmark::State& state, Setup& setup) {
     std::vector<float> logits(std::size_t(sequences) * cfg.vocab_size);
     const auto tokens = step_tokens(sequences, cfg.vocab_size);
     int step = 0;
-    for (auto _ : state) model.forward_batch(tokens[std::size_t(step++)], batch, logits);
+    for (auto _ : state) {
+      profile_step(step, true);
+      model.forward_batch(tokens[std::size_t(step)], batch, logits);
+      profile_step(step++, false);
+    }
     report(state, cfg, sequences, kContext + (step + 1) / 2.0);  // step i attends over 32768 + i + 1
   } catch (const std::exception& e) {
     state.SkipWithError(e.what());
@@ -244,14 +240,89 @@ void decode_budget(benchmark::State& state, Setup& setup) {
     int step = 0;
     double slots = 0.0;
     for (auto _ : state) {
-      stepper.step(batch, tokens[std::size_t(step++)]);
+      profile_step(step, true);
+      stepper.step(batch, tokens[std::size_t(step)]);
+      profile_step(step++, false);
       slots += decoders[0]->cache().length();
     }
     int evictions = 0;  // during decoding: the prompt's compression is not one of them
     for (const auto& d : decoders) evictions += d->evictions() - 1;
     report(state, cfg, sequences, slots / std::max(1, step));
     state.counters["evictions"] = evictions;
+    state.counters["chunk"] = decoders[0]->chunk_tokens();
     state.counters["adopt_ms"] = 1e3 * adopt_s / sequences;
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+  }
+}
+
+// One decode-time eviction of one sequence (B + chunk slots back to B), phase by phase, as
+// EvictingDecoder::evict runs it: every iteration starts from the same cache (the prompt
+// compressed to B + chunk by the same steps, untimed) and times the four phases apart.
+void evict_phases(benchmark::State& state, Setup& setup) {
+  try {
+    setup.build();
+    Model& model = *setup.model;
+    auto& ctx = model.context();
+    dc::H2OPolicy h2o;
+    const dc::Budget budget = dc::Budget::of_fraction(kBudget);
+    const int b = budget.resolve(kContext);
+    const int chunk = budget.chunk_for(b);
+    const dc::Granularity granularity = h2o.granularity_for(dc::Granularity::head);
+    dc::TokenFeatures f;
+    std::vector<float> scores;
+    using Clock = std::chrono::steady_clock;
+    auto ms_since = [](Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); };
+    double phase_ms[4] = {};  // gather, score, select, compact
+    auto evict_to = [&](dc::KVCache<dc::cuda>& cache, int keep) {
+      auto t = Clock::now();
+      dc::gather_features_into(f, ctx, cache, granularity);
+      phase_ms[0] += ms_since(t);
+      t = Clock::now();
+      scores.assign(std::size_t(f.size), 0.0f);
+      h2o.score(f, keep, scores);
+      phase_ms[1] += ms_since(t);
+      t = Clock::now();
+      const dc::KeepSets sets = dc::select_keep_groups(scores, f, keep, budget.sink, budget.recent);
+      phase_ms[2] += ms_since(t);
+      t = Clock::now();
+      dc::compact_groups(ctx, cache, f, sets);
+      dc::synchronize(ctx);
+      phase_ms[3] += ms_since(t);
+    };
+    auto before = model.make_cache(kContext);  // the cache as a decode-time eviction finds it
+    before.copy_from(ctx, *setup.prompt);
+    evict_to(before, b + chunk);
+    std::fill(std::begin(phase_ms), std::end(phase_ms), 0.0);
+    auto work = model.make_cache(kContext);
+    // The same eviction in place (decode/in_place_eviction.cuh: what the decoder runs for H2O), timed alone.
+    const std::optional<dc::ScoreRule> rule = h2o.score_rule(b);
+    dc::InPlaceEvictionScratch<dc::cuda> scratch;
+    double in_place_ms = 0.0;
+    for (auto _ : state) {
+      state.PauseTiming();
+      work.copy_from(ctx, before);
+      dc::synchronize(ctx);
+      state.ResumeTiming();
+      evict_to(work, b);
+      state.PauseTiming();
+      work.copy_from(ctx, before);
+      dc::synchronize(ctx);
+      state.ResumeTiming();
+      const auto t = Clock::now();
+      if (!rule || !dc::evict_in_place(ctx, work, *rule, b, scratch)) throw std::runtime_error("in-place eviction declined");
+      dc::synchronize(ctx);
+      in_place_ms += ms_since(t);
+    }
+    const double n = double(std::max<benchmark::IterationCount>(1, state.iterations()));
+    const char* names[4] = {"gather_ms", "score_ms", "select_ms", "compact_ms"};
+    for (int i = 0; i < 4; ++i) state.counters[names[i]] = phase_ms[i] / n;
+    state.counters["in_place_ms"] = in_place_ms / n;
+    state.counters["in_place_per_token_us"] = 1e3 * in_place_ms / n / chunk;
+    state.counters["slots_before"] = b + chunk;
+    state.counters["slots_after"] = work.length();
+    state.counters["chunk"] = chunk;
+    state.counters["per_token_us"] = 1e3 * (phase_ms[0] + phase_ms[1] + phase_ms[2] + phase_ms[3]) / n / chunk;
   } catch (const std::exception& e) {
     state.SkipWithError(e.what());
   }
@@ -270,11 +341,15 @@ int main(int argc, char** argv) {
               ->Args({sequences})
               ->ArgNames({"S"}));
     for (const int evicting : {0, 1})
-      fixed(benchmark::RegisterBenchmark(evicting ? "mistral7b_32k/25%/c16" : "mistral7b_32k/25%/once",
+      fixed(benchmark::RegisterBenchmark(evicting ? "mistral7b_32k/25%/evict" : "mistral7b_32k/25%/once",
                                          [&setup](benchmark::State& st) { decode_budget(st, setup); })
                 ->Args({sequences, evicting})
                 ->ArgNames({"S", "evicting"}));
   }
+  benchmark::RegisterBenchmark("mistral7b_32k/evict_phases/S:1", [&setup](benchmark::State& st) { evict_phases(st, setup); })
+      ->Iterations(4)
+      ->UseRealTime()
+      ->Unit(benchmark::kMillisecond);
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();

@@ -6,8 +6,11 @@
 #   quick     every CUDA test once (CPU oracles) and bench_cuda (the tiny model, one Mistral layer)
 #   long      bench_cuda_long: Mistral-7B-v0.3's shape at 32k context, S = 1 and 16, full cache
 #             against 25 % (about 95 GB of GPU memory), then bench/gpu_long_summary.py
-#   all       quick, then long with the time that is left (the default: one device call)
+#   profile   one decode step of bench_cuda_long (full cache, S = 1 and 16; 25 % at S = 1) under
+#             Nsight Compute: every kernel's device time and DRAM bytes, bench/ncu_summary.py
 #   sanitize  the CUDA tests under compute-sanitizer's memcheck
+#   all       quick, long, profile, then sanitize, each with what is left of the budget (the
+#             default: one device call)
 #
 # The programs come from .gpubin/ when bench/gpu_prebuild.sh made them elsewhere (nvcc without a
 # GPU is enough) and they start here; otherwise they are built for sm_90 with every core (about
@@ -21,9 +24,9 @@
 # Debian -dev packages the build needs: bench/fetch_gpu_deps.sh unpacks them into .deps/ where apt
 # works (carry it to the GPU machine); this script adds .deps/usr to the search paths.
 set -uo pipefail
-out=${1:?usage: bench/gpu_check.sh OUT_DIR [quick|long|all|sanitize]}
+out=${1:?usage: bench/gpu_check.sh OUT_DIR [quick|long|profile|sanitize|all]}
 stage=${2:-all}
-case "$stage" in quick|long|all|sanitize) ;; *) echo "gpu_check: unknown stage '$stage'" >&2; exit 2 ;; esac
+case "$stage" in quick|long|profile|sanitize|all) ;; *) echo "gpu_check: unknown stage '$stage'" >&2; exit 2 ;; esac
 budget=${GPU_CHECK_BUDGET:-540}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)  # absolute before the cd below
@@ -80,7 +83,7 @@ if [ -x .gpubin/dc_cuda_tests ] && [ -x .gpubin/bench_cuda ] && [ -x .gpubin/ben
 fi
 if [ -z "$bin" ]; then
   targets="dc_cuda_tests bench_cuda"  # build only what the stage runs
-  case "$stage" in long) targets=bench_cuda_long ;; all) targets="$targets bench_cuda_long" ;; esac
+  case "$stage" in long|profile) targets=bench_cuda_long ;; all) targets="$targets bench_cuda_long" ;; esac
   generator=$(command -v ninja >/dev/null && echo Ninja || echo "Unix Makefiles")
   if ! { timeout 60 cmake -S . -B build/gpu -G "$generator" -DCMAKE_BUILD_TYPE=Release -DDC_CUDA=ON \
            -DCMAKE_CUDA_ARCHITECTURES=90 -DDC_WERROR=OFF -DDC_BUILD_EXAMPLES=OFF > "$logs/build.log" 2>&1 &&
@@ -115,7 +118,7 @@ if [ "$stage" = quick ] || [ "$stage" = all ]; then
 fi
 if [ "$stage" = long ] || [ "$stage" = all ]; then
   nvidia-smi --query-gpu=memory.used,memory.total --format=csv > "$logs/memory_before.txt" 2>&1
-  timeout "$(step_timeout 600)" "$bin/bench_cuda_long" --benchmark_out="$out/bench_cuda_long.json" \
+  timeout "$(step_timeout 240)" "$bin/bench_cuda_long" --benchmark_out="$out/bench_cuda_long.json" \
     --benchmark_out_format=json > "$logs/bench_cuda_long.txt" 2>&1 || status=1
   {
     echo "== bench_cuda_long"
@@ -123,7 +126,20 @@ if [ "$stage" = long ] || [ "$stage" = all ]; then
     python3 bench/gpu_long_summary.py "$out/bench_cuda_long.json" 2>&1
   } | summary
 fi
-if [ "$stage" = sanitize ]; then
+if [ "$stage" = profile ] || [ "$stage" = all ]; then
+  # Each benchmark brackets its second step with cudaProfilerStart/Stop: one step's kernels.
+  for filter in "full/S:1/" "full/S:16/" "once/S:1/"; do
+    name=$(echo "$filter" | tr -d '/:' | tr '%' 'p')
+    [ "$(left)" -gt 40 ] || { echo "profile $filter: no time left" | summary; break; }
+    if ! command -v ncu > /dev/null; then echo "profile: ncu not found" | summary; break; fi
+    timeout "$(step_timeout 120)" ncu --profile-from-start off --clock-control none \
+      --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum --csv --page raw \
+      --log-file "$logs/ncu_$name.csv" "$bin/bench_cuda_long" --benchmark_filter="$filter" \
+      > "$logs/ncu_$name.txt" 2>&1 || status=1
+    { echo "== profile $filter"; python3 bench/ncu_summary.py "$logs/ncu_$name.csv" 2>&1 | head -40; } | summary
+  done
+fi
+if [ "$stage" = sanitize ] || { [ "$stage" = all ] && [ "$(left)" -gt 90 ]; }; then
   timeout "$(step_timeout 500)" compute-sanitizer --tool memcheck --leak-check full --error-exitcode 9 \
     "$bin/dc_cuda_tests" > "$logs/memcheck.log" 2>&1 || status=1
   { echo "== memcheck"; grep -E "ERROR SUMMARY|Invalid|test cases|assertions" "$logs/memcheck.log" | head -30; tail -5 "$logs/memcheck.log"; } | summary

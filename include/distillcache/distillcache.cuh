@@ -13,4 +13,5 @@
 #include "cuda/norm.cuh"
 #include "cuda/ops.cuh"
 #include "cuda/rope.cuh"
+#include "decode/in_place_eviction.cuh"
 #include "model/weights.cuh"

@@ -138,44 +138,60 @@ __device__ __forceinline__ void load_smem(const float* p, float (&v)[VEC]) {
   }
 }
 
-// Stages one contiguous tile of `tile_keys` K/V rows of HEAD_DIM_CAP elements (head_dim ==
-// HEAD_DIM_CAP) into the fp32 shared-memory tiles (row stride kStride floats), zero rows past
-// tile_keys, with 16-byte loads: 4 floats or 8 bf16 (widened: element 2i is the low half of
-// 32-bit word i, little-endian). The source must be 16-byte aligned.
-template <int HEAD_DIM_CAP, int kStride, int kTile, int kThreads>
-__device__ __forceinline__ void stage_tile(float* ks, float* vs, const float* ksrc_row, const float* vsrc_row,
-                                           int tile_keys) {
-  constexpr int kRowVecs = HEAD_DIM_CAP / 4;
-  const float4* ksrc = reinterpret_cast<const float4*>(ksrc_row);
-  const float4* vsrc = reinterpret_cast<const float4*>(vsrc_row);
-  const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  for (int e = threadIdx.x; e < kTile * kRowVecs; e += kThreads) {
-    const int key = e / kRowVecs, c = e % kRowVecs;
-    const bool in = key < tile_keys;
-    *reinterpret_cast<float4*>(ks + key * kStride + 4 * c) = in ? ksrc[e] : zero;
-    *reinterpret_cast<float4*>(vs + key * kStride + 4 * c) = in ? vsrc[e] : zero;
-  }
-}
+// Widens 8 bf16 (one 16-byte load) into 8 floats at dst: element 2i is the low half of 32-bit
+// word i (little-endian).
 __device__ __forceinline__ void store_widened(float* dst, uint4 w) {
   *reinterpret_cast<float4*>(dst) = make_float4(__uint_as_float(w.x << 16), __uint_as_float(w.x & 0xffff0000u),
                                                 __uint_as_float(w.y << 16), __uint_as_float(w.y & 0xffff0000u));
   *reinterpret_cast<float4*>(dst + 4) = make_float4(__uint_as_float(w.z << 16), __uint_as_float(w.z & 0xffff0000u),
                                                     __uint_as_float(w.w << 16), __uint_as_float(w.w & 0xffff0000u));
 }
-template <int HEAD_DIM_CAP, int kStride, int kTile, int kThreads>
-__device__ __forceinline__ void stage_tile(float* ks, float* vs, const bf16* ksrc_row, const bf16* vsrc_row,
-                                           int tile_keys) {
-  constexpr int kRowVecs = HEAD_DIM_CAP / 8;
-  const uint4* ksrc = reinterpret_cast<const uint4*>(ksrc_row);
-  const uint4* vsrc = reinterpret_cast<const uint4*>(vsrc_row);
-  const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-  for (int e = threadIdx.x; e < kTile * kRowVecs; e += kThreads) {
-    const int key = e / kRowVecs, c = e % kRowVecs;
-    const bool in = key < tile_keys;
-    store_widened(ks + key * kStride + 8 * c, in ? ksrc[e] : zero);
-    store_widened(vs + key * kStride + 8 * c, in ? vsrc[e] : zero);
+// The next K/V tile, loaded into registers while the block computes the current one (exact-width
+// variants, whose tile of kTile rows is one contiguous 16-byte aligned run): per thread kLoads
+// 16-byte vectors of K and of V at vector indices threadIdx.x + i * kThreads of the tile, rows
+// past tile_keys as zeros (never NaN garbage). store() puts them into the fp32 shared-memory
+// tiles (row stride kStride; bf16 widened exactly). Why: staging a tile only after the previous
+// one is consumed leaves each block one HBM round trip per 32 keys with nothing else to do, which
+// held a 32k decode to 0.93 TB/s on an H200.
+template <class KV, int HEAD_DIM_CAP, int kStride, int kTile, int kThreads>
+struct TilePrefetch {
+  static constexpr int kPerVec = 16 / int(sizeof(KV));  // elements per 16-byte vector
+  static constexpr int kRowVecs = HEAD_DIM_CAP / kPerVec;
+  static constexpr int kLoads = kTile * kRowVecs / kThreads;
+  static_assert(kLoads * kThreads == kTile * kRowVecs, "a tile is whole vectors of every thread");
+  using Vec = std::conditional_t<std::is_same_v<KV, float>, float4, uint4>;
+  Vec k[kLoads], v[kLoads];
+
+  __device__ __forceinline__ void load(const KV* ksrc_row, const KV* vsrc_row, int tile_keys) {
+    const Vec* ksrc = reinterpret_cast<const Vec*>(ksrc_row);
+    const Vec* vsrc = reinterpret_cast<const Vec*>(vsrc_row);
+#pragma unroll
+    for (int i = 0; i < kLoads; ++i) {
+      const int e = int(threadIdx.x) + i * kThreads;
+      if (e / kRowVecs < tile_keys) {
+        k[i] = ksrc[e];
+        v[i] = vsrc[e];
+      } else {
+        k[i] = Vec{};
+        v[i] = Vec{};
+      }
+    }
   }
-}
+  __device__ __forceinline__ void store(float* ks, float* vs) const {
+#pragma unroll
+    for (int i = 0; i < kLoads; ++i) {
+      const int e = int(threadIdx.x) + i * kThreads;
+      const int key = e / kRowVecs, c = e % kRowVecs;
+      if constexpr (std::is_same_v<KV, float>) {
+        *reinterpret_cast<float4*>(ks + key * kStride + 4 * c) = k[i];
+        *reinterpret_cast<float4*>(vs + key * kStride + 4 * c) = v[i];
+      } else {
+        store_widened(ks + key * kStride + 8 * c, k[i]);
+        store_widened(vs + key * kStride + 8 * c, v[i]);
+      }
+    }
+  }
+};
 
 template <int HEAD_DIM_CAP, int ROWS>
 constexpr std::size_t attention_smem_bytes() {
@@ -236,9 +252,16 @@ __global__ void __launch_bounds__(ROWS * kWarpSize) attention_kernel(const Atten
   float w = 0.0f;       // this lane's share of sum e^(s - m) (s - m) (observed rows only)
   float o[Slice::kChunks][Slice::kVec] = {};
 
+  // Exact-width variants load each tile one tile ahead (TilePrefetch); `held` is the tile whose
+  // K/V the registers hold (-1: none). A key's position is likewise read one tile ahead.
+  TilePrefetch<KV, HEAD_DIM_CAP, kStride, kTile, ROWS * kWarpSize> ahead;
+  int held = -1;
+  int position_ahead = k_begin + lane < k_end ? kp[k_begin + lane] : 0;
   for (int tile = k_begin; tile < k_end; tile += kTile) {
     const int j = tile + lane;
-    const bool visible = active && j < k_end && math::attends(query_pos, kp[j], p.window);
+    const int key_position = position_ahead;  // kp[j] where j < k_end
+    if (j + kTile < k_end) position_ahead = kp[j + kTile];
+    const bool visible = active && j < k_end && math::attends(query_pos, key_position, p.window);
     // Also the barrier that lets the previous tile's readers finish before it is overwritten.
     if (!__syncthreads_or(visible)) continue;
 
@@ -246,8 +269,13 @@ __global__ void __launch_bounds__(ROWS * kWarpSize) attention_kernel(const Atten
     const int tile_keys = min(kTile, k_end - tile);
     if constexpr (!PADDED) {
       // Rows are contiguous (stride head_dim == HEAD_DIM_CAP): the tile is one 16-byte run.
-      stage_tile<HEAD_DIM_CAP, kStride, kTile, ROWS * kWarpSize>(ks, vs, kh + std::int64_t(tile) * hd,
-                                                                vh + std::int64_t(tile) * hd, tile_keys);
+      if (held != tile) ahead.load(kh + std::int64_t(tile) * hd, vh + std::int64_t(tile) * hd, tile_keys);
+      ahead.store(ks, vs);
+      const int following = tile + kTile;  // in flight while this tile is computed
+      held = following < k_end ? following : -1;
+      if (following < k_end)
+        ahead.load(kh + std::int64_t(following) * hd, vh + std::int64_t(following) * hd,
+                   min(kTile, k_end - following));
     } else {
       for (int e = threadIdx.x; e < kTile * HEAD_DIM_CAP; e += ROWS * kWarpSize) {
         const int key = e / HEAD_DIM_CAP, i = e % HEAD_DIM_CAP;
@@ -343,41 +371,57 @@ __global__ void __launch_bounds__(ROWS * kWarpSize) attention_kernel(const Atten
   }
 }
 
-// Merges the splits of one (query, head) row: one block per row, threads over head_dim.
-// With kStats, observed rows (row >= first_observed_row) also get their statistics state.
+// Merges the splits of one (query, head) row: one block per row. Warp 0 combines the splits'
+// (max, sum) pairs (each lane a strided subset, then a butterfly; lane 0's result is the row's,
+// since fused multiply-adds may round the lanes' copies apart), and writes each split's weight
+// e^(m_s - M) / Z once to shared memory (and, with kStats, an observed row's statistics state);
+// then every thread sums its dims of the splits' partial outputs with those weights. (Computing
+// e^(m_s - M) per split and dim, serially per thread, cost 21 us a row on an H200 at 33 splits.)
 template <bool kStats>
 __global__ void attention_combine_kernel(float* DC_RESTRICT out, const float* DC_RESTRICT part_o,
                                          const float2* DC_RESTRICT part_ml,
                                          const float* DC_RESTRICT part_w,
                                          float4* DC_RESTRICT obs_state, int first_observed_row,
                                          int rows_total, int head_dim, int num_splits) {
+  extern __shared__ float split_weight[];  // [num_splits]
   const int row = blockIdx.x;
-  math::OnlineSoftmax total;
-  for (int s = 0; s < num_splits; ++s) {
-    const float2 ml = part_ml[std::int64_t(s) * rows_total + row];
-    total.combine(math::OnlineSoftmax{ml.x, ml.y});
-  }
-  if (kStats && row >= first_observed_row && threadIdx.x == 0) {
-    // Each split's weighted sum is relative to its own max m_s; moved to the total max M:
-    // e^(m_s - M) (w_s + (m_s - M) l_s).
+  if (threadIdx.x < kWarpSize) {
+    const int lane = threadIdx.x;
+    math::OnlineSoftmax total;
+    for (int s = lane; s < num_splits; s += kWarpSize) {
+      const float2 ml = part_ml[std::int64_t(s) * rows_total + row];
+      total.combine(math::OnlineSoftmax{ml.x, ml.y});
+    }
+#pragma unroll
+    for (int offset = kWarpSize / 2; offset > 0; offset /= 2)
+      total.combine(math::OnlineSoftmax{__shfl_xor_sync(kFullMask, total.max, offset),
+                                        __shfl_xor_sync(kFullMask, total.sum, offset)});
+    total.max = __shfl_sync(kFullMask, total.max, 0);
+    total.sum = __shfl_sync(kFullMask, total.sum, 0);
+    const float inv = total.sum > 0.0f ? 1.0f / total.sum : 0.0f;  // no visible key: zeros
+    const bool stats_row = kStats && row >= first_observed_row;     // block-uniform
     float weighted = 0.0f;
-    for (int s = 0; s < num_splits; ++s) {
+    for (int s = lane; s < num_splits; s += kWarpSize) {
       const std::int64_t part = std::int64_t(s) * rows_total + row;
       const float2 ml = part_ml[part];
-      if (ml.x == -INFINITY) continue;
-      weighted += expf(ml.x - total.max) * (part_w[part] + (ml.x - total.max) * ml.y);
+      const float scale = ml.x == -INFINITY ? 0.0f : expf(ml.x - total.max);
+      split_weight[s] = scale * inv;
+      // Each split's weighted sum is relative to its own max m_s; moved to the total max M:
+      // e^(m_s - M) (w_s + (m_s - M) l_s).
+      if (stats_row && ml.x != -INFINITY) weighted += scale * (part_w[part] + (ml.x - total.max) * ml.y);
     }
-    obs_state[row - first_observed_row] = row_state(total.max, total.sum, weighted);
+    if (stats_row) {
+      weighted = warp_sum(weighted);
+      if (lane == 0) obs_state[row - first_observed_row] = row_state(total.max, total.sum, weighted);
+    }
   }
-  const float inv = total.sum > 0.0f ? 1.0f / total.sum : 0.0f;
+  __syncthreads();
   for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
     float acc = 0.0f;
-    for (int s = 0; s < num_splits; ++s) {
-      const std::int64_t part = std::int64_t(s) * rows_total + row;
-      const float ms = part_ml[part].x;
-      if (ms != -INFINITY) acc += part_o[part * head_dim + d] * expf(ms - total.max);
-    }
-    out[std::int64_t(row) * head_dim + d] = acc * inv;
+#pragma unroll 4
+    for (int s = 0; s < num_splits; ++s)
+      acc = fmaf(part_o[(std::int64_t(s) * rows_total + row) * head_dim + d], split_weight[s], acc);
+    out[std::int64_t(row) * head_dim + d] = acc;
   }
 }
 
@@ -426,10 +470,13 @@ template <class KV, int HEAD_DIM_CAP, bool PADDED, int ROWS>
 void launch_attention(const Context<cuda>& ctx, AttentionParams<KV> p, int kv_heads,
                       AttentionStats stats) {
   const int row_blocks = int(ceil_div(p.rows, ROWS));
-  // Split the keys only when the (row block, KV head) grid cannot fill the GPU twice over.
+  // Split the keys only when the (row block, KV head) grid cannot fill the GPU 4 times over: a
+  // block waits on HBM for every tile, so an SM needs several resident (about 36 KB of shared
+  // memory each at head_dim 128, so up to 6 fit) to keep the memory system busy; 2 per SM held a
+  // 32k decode to 0.93 TB/s on an H200.
   const int base_blocks = row_blocks * kv_heads;
   int splits = 1;
-  const int target = 2 * ctx.sm_count();
+  const int target = 4 * ctx.sm_count();
   if (base_blocks < target) {
     const int by_occupancy = int(ceil_div(target, base_blocks));
     const int by_length = int(ceil_div(p.len, kAttnMinKeysPerSplit));
@@ -476,7 +523,7 @@ void launch_attention(const Context<cuda>& ctx, AttentionParams<KV> p, int kv_he
   if (p.num_splits > 1) {
     const int threads = p.head_dim < 128 ? 64 : 128;
     auto combine = observed ? attention_combine_kernel<true> : attention_combine_kernel<false>;
-    combine<<<rows_total, threads, 0, ctx.stream()>>>(
+    combine<<<rows_total, threads, std::size_t(p.num_splits) * sizeof(float), ctx.stream()>>>(
         p.out, p.part_o, p.part_ml, p.part_w, p.obs_state, stats.first_observed * p.num_heads,
         rows_total, p.head_dim, p.num_splits);
     DC_CUDA_CHECK_LAUNCH("attention_combine_kernel");

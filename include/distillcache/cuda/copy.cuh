@@ -18,14 +18,35 @@
 
 namespace dc {
 
-template <class T>
-void copy_to_backend(const Context<cuda>& ctx, T* dst, const T* src, std::size_t count) {
-  if (!count) return;
-  DC_CUDA_CHECK(cudaMemcpyAsync(dst, src, count * sizeof(T), cudaMemcpyDefault, ctx.stream()));
+namespace cuda_detail {
+
+// After a copy from src queued on ctx's stream: waits for the stream unless src is device (or
+// managed) memory, so the caller may reuse a host source on return (see above).
+inline void wait_if_host_source(const Context<cuda>& ctx, const void* src) {
   cudaPointerAttributes attr{};
   DC_CUDA_CHECK(cudaPointerGetAttributes(&attr, src));
   if (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged)
     DC_CUDA_CHECK(cudaStreamSynchronize(ctx.stream()));
+}
+
+}  // namespace cuda_detail
+
+template <class T>
+void copy_to_backend(const Context<cuda>& ctx, T* dst, const T* src, std::size_t count) {
+  if (!count) return;
+  DC_CUDA_CHECK(cudaMemcpyAsync(dst, src, count * sizeof(T), cudaMemcpyDefault, ctx.stream()));
+  cuda_detail::wait_if_host_source(ctx, src);
+}
+
+// The strided block of core/copy.hpp's copy_rows_to_backend in one cudaMemcpy2DAsync (and at
+// most one wait, where copying row by row waited once per row).
+template <class T>
+void copy_rows_to_backend(const Context<cuda>& ctx, T* dst, std::size_t dst_stride, const T* src,
+                          std::size_t count, std::size_t rows) {
+  if (!count || !rows) return;
+  DC_CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_stride * sizeof(T), src, count * sizeof(T), count * sizeof(T),
+                                  rows, cudaMemcpyDefault, ctx.stream()));
+  cuda_detail::wait_if_host_source(ctx, src);
 }
 
 // Waits for the copy (and everything queued before it), so the host can read dst on return.

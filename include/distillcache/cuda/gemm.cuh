@@ -3,15 +3,18 @@
 // type W (float or bf16) and fp32 accumulation (mirrors cpu/gemm.hpp).
 //
 // Two regimes:
-//  - decode / tiny chunks (n <= kGemvMaxRows): the op is bound by reading w once. A hand-written
-//    GEMV gives each warp one output row, streams that weight row with 16-byte loads and applies
-//    it to all n activation rows at once (they are small and stay in L1/L2), so w is read exactly
-//    once whatever n is. Activations stay fp32: the result differs from the CPU oracle only by
-//    summation order.
-//  - prefill (n > kGemvMaxRows): compute-bound, so cuBLAS. float uses plain SGEMM (no TF32). bf16
-//    rounds x to bf16 in the context workspace and runs cublasGemmEx with CUBLAS_COMPUTE_32F
-//    (tensor cores, fp32 accumulate, fp32 output): the usual mixed-precision recipe, at the cost
-//    of rounding the activations to bf16 (~3 significant digits) on this path only.
+//  - decode / tiny chunks (n <= gemv_max_rows<W>()): the op is bound by reading w once. A
+//    hand-written GEMV gives each warp one output row, streams that weight row with 16-byte
+//    loads, many in flight, and applies it to all n activation rows at once (staged per k-tile
+//    in shared memory), so w is read exactly once whatever n is. Activations stay fp32: the
+//    result differs from the CPU oracle only by summation order.
+//  - otherwise cuBLAS. float uses plain SGEMM (no TF32). bf16 rounds x to bf16 in the context
+//    workspace and runs cublasGemmEx with CUBLAS_COMPUTE_32F (tensor cores, fp32 accumulate, fp32
+//    output): the usual mixed-precision recipe, at the cost of rounding the activations to bf16
+//    (~3 significant digits) on this path only. For bf16 weights this path starts at n = 2:
+//    measured on an H200 at Mistral-7B's shapes, the GEMV streamed w at 2.5-3.9 TB/s for n = 1
+//    but 0.7-1.4 TB/s at n = 4 and 0.4-0.7 TB/s at n = 8 (every warp reads n fp32 activations
+//    from shared memory per 8 weights), where cuBLAS at n = 16 held 2.0-3.8 TB/s.
 // cuBLAS is column-major: a row-major [r, c] matrix is a column-major [c, r] one. So y^T[out, n] =
 // (w viewed as [in, out])^T * (x viewed as [in, n]): transa = T, transb = N, m = out, k = in.
 #include <cstdint>
@@ -30,70 +33,143 @@
 namespace dc {
 namespace cuda_detail {
 
-// Largest n served by the GEMV kernel; larger chunks go to cuBLAS.
+// Largest n the GEMV kernel serves (instantiated for 1..kGemvMaxRows); which it does serve
+// depends on the weight type, gemv_max_rows.
 inline constexpr int kGemvMaxRows = 8;
+template <class W>
+constexpr int gemv_max_rows() {
+  return std::is_same_v<W, bf16> ? 1 : kGemvMaxRows;
+}
+
+// Output features per block (one warp each).
+inline constexpr int kGemvWarps = 8;
+
+// Activations per row staged in shared memory per k-tile: N x 8 KB (fp32) up to N = 4, N x 4 KB
+// beyond, so no instantiation needs more than the default 48 KB of dynamic shared memory.
+template <int N>
+inline constexpr int kGemvTile = N <= 4 ? 2048 : 1024;
 
 // Weights per 16-byte load.
 template <class W>
 inline constexpr int kGemvVec = 16 / int(sizeof(W));
 
-// Loads VEC consecutive weights as fp32. VEC == 1 is the unaligned fallback.
-template <int VEC>
-__device__ __forceinline__ void load_row(const float* DC_RESTRICT p, float (&v)[VEC]) {
-  if constexpr (VEC == 4) {
-    const float4 f = *reinterpret_cast<const float4*>(p);
-    v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
-  } else {
-    static_assert(VEC == 1 || VEC == 8, "float rows load 1, 4 or 8 at a time");
-    if constexpr (VEC == 8) {
-      const float4 a = *reinterpret_cast<const float4*>(p);
-      const float4 b = *reinterpret_cast<const float4*>(p + 4);
-      v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
-      v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-    } else {
-      v[0] = p[0];
-    }
-  }
+// One load of VEC weights as stored (16 bytes, or one element for the unaligned fallback).
+template <class W, int VEC>
+struct WeightVector;
+template <>
+struct WeightVector<float, 4> {
+  float4 raw;
+};
+template <>
+struct WeightVector<bf16, 8> {
+  uint4 raw;
+};
+template <class W>
+struct WeightVector<W, 1> {
+  W raw;
+};
+
+// Weights are read once per step: the streaming hint (ld.global.cs, evict first) keeps them from
+// pushing the staged activations' sources and the KV cache out of L2.
+template <class W, int VEC>
+__device__ __forceinline__ WeightVector<W, VEC> load_weights(const W* DC_RESTRICT p) {
+  if constexpr (VEC == 1) return {*p};
+  else if constexpr (std::is_same_v<W, float>) return {__ldcs(reinterpret_cast<const float4*>(p))};
+  else return {__ldcs(reinterpret_cast<const uint4*>(p))};
 }
-template <int VEC>
-__device__ __forceinline__ void load_row(const bf16* DC_RESTRICT p, float (&v)[VEC]) {
-  if constexpr (VEC == 8) {
-    const uint4 u = *reinterpret_cast<const uint4*>(p);
-    const unsigned words[4] = {u.x, u.y, u.z, u.w};
+
+// The VEC weights of one load as fp32.
+template <class W, int VEC>
+__device__ __forceinline__ void widen(const WeightVector<W, VEC>& w, float (&v)[VEC]) {
+  if constexpr (VEC == 1) {
+    v[0] = load_float(&w.raw);
+  } else if constexpr (std::is_same_v<W, float>) {
+    v[0] = w.raw.x, v[1] = w.raw.y, v[2] = w.raw.z, v[3] = w.raw.w;
+  } else {
+    const unsigned words[4] = {w.raw.x, w.raw.y, w.raw.z, w.raw.w};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {  // little-endian: element 2i is the low half of word i
       v[2 * i] = __uint_as_float(words[i] << 16);
       v[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
     }
-  } else {
-    static_assert(VEC == 1, "bf16 rows load 1 or 8 at a time");
-    v[0] = load_float(p);
   }
 }
 
-// One warp per output feature o; lanes stride over `in` VEC elements at a time; each weight
-// vector is applied to all N activation rows before the next is loaded.
+// VEC consecutive staged activations (16-byte aligned when VEC > 1) as fp32.
+template <int VEC>
+__device__ __forceinline__ void load_staged(const float* p, float (&v)[VEC]) {
+  if constexpr (VEC == 1) {
+    v[0] = p[0];
+  } else {
+#pragma unroll
+    for (int q = 0; q < VEC / 4; ++q) {
+      const float4 f = reinterpret_cast<const float4*>(p)[q];
+      v[4 * q] = f.x, v[4 * q + 1] = f.y, v[4 * q + 2] = f.z, v[4 * q + 3] = f.w;
+    }
+  }
+}
+
+// y[r, o] (+)= sum_k x[r, k] w[o, k] for N rows r, one warp per output feature o.
+//
+// Why this shape (decode is bound by reading w once): per k-tile the block stages the N
+// activation rows' tile in shared memory (read from L2 once per block, not once per warp as
+// global loads through L1 would be, where the streaming weights evict them), then every lane
+// issues all of its tile's weight loads (kGemvTile / (32 VEC) of 16 bytes: 8 per lane for bf16
+// at N <= 4) before it uses any, so each warp keeps 4 KB of weights in flight; with several
+// blocks per SM that covers HBM's latency. Each weight vector is applied to all N rows before
+// the next. Inactive warps (o >= out, the last block) still join the tile barriers.
 template <class W, int N, int VEC, int WARPS>
 __global__ void __launch_bounds__(WARPS * kWarpSize)
     gemv_kernel(float* y, const float* DC_RESTRICT x, const W* DC_RESTRICT w, int in, int out,
                 bool accumulate) {
-  const int o = blockIdx.x * WARPS + threadIdx.x / kWarpSize;
-  if (o >= out) return;  // warp-uniform
+  constexpr int kTile = kGemvTile<N>;
+  constexpr int kLoads = kTile / (kWarpSize * VEC);  // weight loads per lane per tile
+  static_assert(kLoads * kWarpSize * VEC == kTile, "a tile is whole loads of every lane");
+  extern __shared__ float4 gemv_shared[];  // the activation tile [N, kTile]
+  float* xs = reinterpret_cast<float*>(gemv_shared);
   const int lane = threadIdx.x % kWarpSize;
-  const W* wr = w + std::int64_t(o) * in;
+  const int o = blockIdx.x * WARPS + int(threadIdx.x) / kWarpSize;
+  const bool active = o < out;  // warp-uniform
+  const W* wr = w + std::int64_t(active ? o : 0) * in;
   float acc[N] = {};
-#pragma unroll 4
-  for (int k = lane * VEC; k < in; k += kWarpSize * VEC) {
-    float wv[VEC];
-    load_row<VEC>(wr + k, wv);
+  for (int k0 = 0; k0 < in; k0 += kTile) {
+    const int len = in - k0 < kTile ? in - k0 : kTile;  // a multiple of VEC
+    __syncthreads();  // every warp is done with the previous tile
 #pragma unroll
     for (int r = 0; r < N; ++r) {
-      float xv[VEC];
-      load_row<VEC>(x + std::int64_t(r) * in + k, xv);
+      const float* src = x + std::int64_t(r) * in + k0;
+      float* dst = xs + r * kTile;
+      if constexpr (VEC == 1) {
+        for (int k = threadIdx.x; k < len; k += blockDim.x) dst[k] = src[k];
+      } else {  // 16-byte copies: VEC > 1 means x's rows are 16-byte aligned (launch_gemv)
+        for (int k = int(threadIdx.x) * 4; k < len; k += int(blockDim.x) * 4)
+          *reinterpret_cast<float4*>(dst + k) = *reinterpret_cast<const float4*>(src + k);
+      }
+    }
+    __syncthreads();
+    if (!active) continue;
+    WeightVector<W, VEC> wv[kLoads];
 #pragma unroll
-      for (int i = 0; i < VEC; ++i) acc[r] = fmaf(wv[i], xv[i], acc[r]);
+    for (int j = 0; j < kLoads; ++j) {
+      const int k = (j * kWarpSize + lane) * VEC;
+      if (k < len) wv[j] = load_weights<W, VEC>(wr + k0 + k);
+    }
+#pragma unroll
+    for (int j = 0; j < kLoads; ++j) {
+      const int k = (j * kWarpSize + lane) * VEC;
+      if (k >= len) continue;
+      float wf[VEC];
+      widen(wv[j], wf);
+#pragma unroll
+      for (int r = 0; r < N; ++r) {
+        float xv[VEC];
+        load_staged<VEC>(xs + r * kTile + k, xv);
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) acc[r] = fmaf(wf[i], xv[i], acc[r]);
+      }
     }
   }
+  if (!active) return;
 #pragma unroll
   for (int r = 0; r < N; ++r) {
     const float sum = warp_sum(acc[r]);
@@ -107,35 +183,33 @@ __global__ void __launch_bounds__(WARPS * kWarpSize)
 template <class W, int N>
 void launch_gemv(const Context<cuda>& ctx, float* y, const float* x, const W* w, int in, int out,
                  bool accumulate) {
-  constexpr int kWarps = 4;
   constexpr int kVec = kGemvVec<W>;
-  const unsigned blocks = static_cast<unsigned>(ceil_div(out, kWarps));
-  // 16-byte loads need every row start 16-byte aligned: base pointers and the row length.
-  const bool vectorised = in % kVec == 0 && reinterpret_cast<std::uintptr_t>(w) % 16 == 0 &&
+  const unsigned blocks = static_cast<unsigned>(ceil_div(out, kGemvWarps));
+  const std::size_t shared = std::size_t(N) * kGemvTile<N> * sizeof(float);
+  // 16-byte loads need every row start 16-byte aligned: base pointers and the row length (whole
+  // VEC-weight loads, and whole float4s of x's fp32 rows).
+  const bool vectorised = in % kVec == 0 && in % 4 == 0 &&
+                          reinterpret_cast<std::uintptr_t>(w) % 16 == 0 &&
                           reinterpret_cast<std::uintptr_t>(x) % 16 == 0;
   if (vectorised)
-    gemv_kernel<W, N, kVec, kWarps><<<blocks, kWarps * kWarpSize, 0, ctx.stream()>>>(
+    gemv_kernel<W, N, kVec, kGemvWarps><<<blocks, kGemvWarps * kWarpSize, shared, ctx.stream()>>>(
         y, x, w, in, out, accumulate);
   else
-    gemv_kernel<W, N, 1, kWarps><<<blocks, kWarps * kWarpSize, 0, ctx.stream()>>>(
+    gemv_kernel<W, N, 1, kGemvWarps><<<blocks, kGemvWarps * kWarpSize, shared, ctx.stream()>>>(
         y, x, w, in, out, accumulate);
   DC_CUDA_CHECK_LAUNCH("gemv_kernel");
 }
 
-template <class W>
+// Dispatches n to the kernel instantiated for it: N = 1 .. gemv_max_rows<W>() (only those are
+// compiled).
+template <class W, int N = 1>
 void gemv(const Context<cuda>& ctx, float* y, const float* x, const W* w, int n, int in, int out,
           bool accumulate) {
-  static_assert(kGemvMaxRows == 8, "update the row dispatch below");
-  switch (n) {
-    case 1: return launch_gemv<W, 1>(ctx, y, x, w, in, out, accumulate);
-    case 2: return launch_gemv<W, 2>(ctx, y, x, w, in, out, accumulate);
-    case 3: return launch_gemv<W, 3>(ctx, y, x, w, in, out, accumulate);
-    case 4: return launch_gemv<W, 4>(ctx, y, x, w, in, out, accumulate);
-    case 5: return launch_gemv<W, 5>(ctx, y, x, w, in, out, accumulate);
-    case 6: return launch_gemv<W, 6>(ctx, y, x, w, in, out, accumulate);
-    case 7: return launch_gemv<W, 7>(ctx, y, x, w, in, out, accumulate);
-    case 8: return launch_gemv<W, 8>(ctx, y, x, w, in, out, accumulate);
-    default: DC_FAIL("gemv called with n = ", n, " rows (supported: 1..", kGemvMaxRows, ")");
+  if constexpr (N <= gemv_max_rows<W>()) {
+    if (n == N) return launch_gemv<W, N>(ctx, y, x, w, in, out, accumulate);
+    return gemv<W, N + 1>(ctx, y, x, w, n, in, out, accumulate);
+  } else {
+    DC_FAIL("gemv called with n = ", n, " rows (supported: 1..", gemv_max_rows<W>(), ")");
   }
 }
 
@@ -162,7 +236,7 @@ void matmul(const Context<cuda>& ctx, float* y, const float* x, const W* w, int 
       DC_CUDA_CHECK(cudaMemsetAsync(y, 0, std::size_t(n) * out * sizeof(float), ctx.stream()));
     return;
   }
-  if (n <= cuda_detail::kGemvMaxRows)
+  if (n <= cuda_detail::gemv_max_rows<W>())
     return cuda_detail::gemv(ctx, y, x, w, n, in, out, accumulate);
 
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;

@@ -61,33 +61,33 @@ __global__ void kv_write_kernel(KV* DC_RESTRICT k_cache, KV* DC_RESTRICT v_cache
   }
 }
 
-// Statistics of the new slots: one warp per token t (WARPS per block). Zeroes every row of slot
-// first + t of every KV head and records the L2 norms of that head's k and v rows. Reads the
-// chunk's fp32 k/v (not the cache), so it needs no ordering with kv_write_kernel and the norms do
-// not depend on the storage type (as on the CPU).
+// Statistics of the new slots: one warp per (token t, KV head h) (WARPS per block, so a decode
+// step's one token spreads over the heads). Zeroes every row of slot first + t of head h and
+// records the L2 norms of that head's k and v rows. Reads the chunk's fp32 k/v (not the cache),
+// so it needs no ordering with kv_write_kernel and the norms do not depend on the storage type
+// (as on the CPU).
 template <int WARPS>
 __global__ void __launch_bounds__(WARPS * kWarpSize)
     kv_write_stats_kernel(float* DC_RESTRICT stats, const float* DC_RESTRICT k,
                           const float* DC_RESTRICT v, int n, int first, int kv_heads, int head_dim,
                           int capacity, int rows) {
-  const int t = blockIdx.x * WARPS + threadIdx.x / kWarpSize;
+  const std::int64_t task = std::int64_t(blockIdx.x) * WARPS + threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
-  if (t >= n) return;  // warp-uniform
+  if (task >= std::int64_t(n) * kv_heads) return;  // warp-uniform
+  const int t = int(task / kv_heads), h = int(task % kv_heads);
   const std::int64_t slot = std::int64_t(first) + t;
-  for (int h = 0; h < kv_heads; ++h) {
-    const std::int64_t src = (std::int64_t(t) * kv_heads + h) * head_dim;
-    float kk = 0.0f, vv = 0.0f;
-    for (int i = lane; i < head_dim; i += kWarpSize) {
-      kk = fmaf(k[src + i], k[src + i], kk);
-      vv = fmaf(v[src + i], v[src + i], vv);
-    }
-    const float key_norm = sqrtf(warp_sum(kk));  // every lane holds the sums
-    const float value_norm = sqrtf(warp_sum(vv));
-    float* head_rows = stats + std::int64_t(h) * rows * capacity;
-    for (int r = lane; r < rows; r += kWarpSize) {
-      const float value = r == kStatKeyNorm ? key_norm : r == kStatValueNorm ? value_norm : 0.0f;
-      head_rows[std::int64_t(r) * capacity + slot] = value;
-    }
+  const std::int64_t src = (std::int64_t(t) * kv_heads + h) * head_dim;
+  float kk = 0.0f, vv = 0.0f;
+  for (int i = lane; i < head_dim; i += kWarpSize) {
+    kk = fmaf(k[src + i], k[src + i], kk);
+    vv = fmaf(v[src + i], v[src + i], vv);
+  }
+  const float key_norm = sqrtf(warp_sum(kk));  // every lane holds the sums
+  const float value_norm = sqrtf(warp_sum(vv));
+  float* head_rows = stats + std::int64_t(h) * rows * capacity;
+  for (int r = lane; r < rows; r += kWarpSize) {
+    const float value = r == kStatKeyNorm ? key_norm : r == kStatValueNorm ? value_norm : 0.0f;
+    head_rows[std::int64_t(r) * capacity + slot] = value;
   }
 }
 
@@ -142,6 +142,41 @@ __global__ void kv_compact_kernel(KV* DC_RESTRICT k_cache, KV* DC_RESTRICT v_cac
   }
 }
 
+// Destinations per gather/scatter batch: the scratch holds kCompactBatchBytes at most.
+template <class KV>
+std::size_t compact_batch(int kv_heads, int head_dim, int rows_of_stats, int moving) {
+  std::size_t batch = kCompactBatchBytes / compact_row_bytes<KV>(kv_heads, head_dim, rows_of_stats);
+  if (batch < 1) batch = 1;
+  if (batch > std::size_t(moving)) batch = std::size_t(moving);
+  return batch;
+}
+
+// The moves of a compaction: destinations fixed + i (i < moving) of head h take source slot
+// src_slots[h * src_stride + i] (device), gathered into scratch (batch destinations at a time)
+// and scattered back, batches in ascending order (the header comment says why that is
+// race-free).
+template <class KV>
+void compact_moves(const Context<cuda>& ctx, KV* k_cache, KV* v_cache, float* stats, int kv_heads, int head_dim,
+                   int rows_of_stats, int capacity, const std::int32_t* src_slots, int src_stride, int moving,
+                   int fixed, void* scratch, std::size_t batch) {
+  constexpr int kThreads = 256;
+  for (int a = 0; a < moving; a += int(batch)) {
+    const int cnt = moving - a < int(batch) ? moving - a : int(batch);
+    // One thread per moved element (K/V values and statistics alike).
+    const std::int64_t elems =
+        std::int64_t(cnt) * kv_heads * (std::int64_t(2) * head_dim + std::int64_t(rows_of_stats));
+    const unsigned grid = grid_for(elems, kThreads, 8 * ctx.sm_count());
+    kv_compact_kernel<KV, true><<<grid, kThreads, 0, ctx.stream()>>>(
+        k_cache, v_cache, stats, scratch, src_slots + a, src_stride, cnt, fixed + a, kv_heads,
+        head_dim, rows_of_stats, capacity);
+    DC_CUDA_CHECK_LAUNCH("kv_compact_kernel<gather>");
+    kv_compact_kernel<KV, false><<<grid, kThreads, 0, ctx.stream()>>>(
+        k_cache, v_cache, stats, scratch, src_slots + a, src_stride, cnt, fixed + a, kv_heads,
+        head_dim, rows_of_stats, capacity);
+    DC_CUDA_CHECK_LAUNCH("kv_compact_kernel<scatter>");
+  }
+}
+
 }  // namespace cuda_detail
 
 // Writes the chunk's k/v rows [n, kv_heads*head_dim] into cache slots [first, first + n),
@@ -162,7 +197,7 @@ void kv_write(const Context<cuda>& ctx, KV* k_cache, KV* v_cache, const float* k
   DC_CUDA_CHECK_LAUNCH("kv_write_kernel");
   if (!stats) return;
   constexpr int kWarps = 4;
-  cuda_detail::kv_write_stats_kernel<kWarps><<<unsigned(cuda_detail::ceil_div(n, kWarps)),
+  cuda_detail::kv_write_stats_kernel<kWarps><<<unsigned(cuda_detail::ceil_div(std::int64_t(n) * s.num_kv_heads, kWarps)),
                                                kWarps * cuda_detail::kWarpSize, 0, ctx.stream()>>>(
       stats, k, v, n, first, s.num_kv_heads, s.head_dim, s.capacity,
       stat_rows_per_kv_head(s.num_heads / s.num_kv_heads));
@@ -200,40 +235,40 @@ void kv_compact(const Context<cuda>& ctx, KV* k_cache, KV* v_cache, float* stats
   if (!stats) rows_of_stats = 0;
 
   using namespace cuda_detail;
-  // Bytes moved per destination slot: K and V rows and the statistics rows of every head.
-  const std::size_t row_bytes = compact_row_bytes<KV>(kv_heads, head_dim, rows_of_stats);
-  std::size_t batch = kCompactBatchBytes / row_bytes;
-  if (batch < 1) batch = 1;
-  if (batch > std::size_t(moving)) batch = std::size_t(moving);
+  const std::size_t batch = compact_batch<KV>(kv_heads, head_dim, rows_of_stats, moving);
   // One workspace request: the source slots [kv_heads, moving] (int32, padded to 16 bytes), then
   // the scratch.
   const std::size_t slot_count = std::size_t(kv_heads) * moving;
   const std::size_t slot_floats = (slot_count + 3) / 4 * 4;
+  const std::size_t row_bytes = compact_row_bytes<KV>(kv_heads, head_dim, rows_of_stats);
   float* ws = ctx.workspace_as<float>(slot_floats + (batch * row_bytes + sizeof(float) - 1) / sizeof(float));
   auto* src_slots = reinterpret_cast<std::int32_t*>(ws);
-  void* scratch = ws + slot_floats;
   std::vector<std::int32_t> moving_slots(slot_count);
   for (int h = 0; h < kv_heads; ++h)
     for (int i = 0; i < moving; ++i)
       moving_slots[std::size_t(h) * moving + i] = keep[std::size_t(h) * count + fixed + i];
   copy_to_backend(ctx, src_slots, moving_slots.data(), slot_count);
+  compact_moves(ctx, k_cache, v_cache, stats, kv_heads, head_dim, rows_of_stats, capacity, src_slots, moving,
+                moving, fixed, ws + slot_floats, batch);
+}
 
-  constexpr int kThreads = 256;
-  for (int a = 0; a < moving; a += int(batch)) {
-    const int cnt = moving - a < int(batch) ? moving - a : int(batch);
-    // One thread per moved element (K/V values and statistics alike).
-    const std::int64_t elems =
-        std::int64_t(cnt) * kv_heads * (std::int64_t(2) * head_dim + std::int64_t(rows_of_stats));
-    const unsigned grid = grid_for(elems, kThreads, 8 * ctx.sm_count());
-    kv_compact_kernel<KV, true><<<grid, kThreads, 0, ctx.stream()>>>(
-        k_cache, v_cache, stats, scratch, src_slots + a, moving, cnt, fixed + a, kv_heads,
-        head_dim, rows_of_stats, capacity);
-    DC_CUDA_CHECK_LAUNCH("kv_compact_kernel<gather>");
-    kv_compact_kernel<KV, false><<<grid, kThreads, 0, ctx.stream()>>>(
-        k_cache, v_cache, stats, scratch, src_slots + a, moving, cnt, fixed + a, kv_heads,
-        head_dim, rows_of_stats, capacity);
-    DC_CUDA_CHECK_LAUNCH("kv_compact_kernel<scatter>");
-  }
+// kv_compact for a keep-set already on the device (decode/in_place_eviction.cuh): head h keeps slots
+// keep[h * count + i], i < count (device, [kv_heads, count], strictly ascending per head: the
+// caller's guarantee, not checked here), moved to the front. Every slot moves, from 0 on.
+template <class KV>
+void kv_compact_from_device(const Context<cuda>& ctx, KV* k_cache, KV* v_cache, float* stats, int kv_heads,
+                            int head_dim, int rows_of_stats, int capacity, const std::int32_t* keep,
+                            int count) {
+  DC_CHECK(count >= 0 && count <= capacity, "kv_compact_from_device: ", count, " slots (capacity ",
+           capacity, ")");
+  if (count == 0) return;
+  if (!stats) rows_of_stats = 0;
+  using namespace cuda_detail;
+  const std::size_t batch = compact_batch<KV>(kv_heads, head_dim, rows_of_stats, count);
+  const std::size_t row_bytes = compact_row_bytes<KV>(kv_heads, head_dim, rows_of_stats);
+  void* scratch = ctx.workspace_as<float>((batch * row_bytes + sizeof(float) - 1) / sizeof(float));
+  compact_moves(ctx, k_cache, v_cache, stats, kv_heads, head_dim, rows_of_stats, capacity, keep, count, count,
+                0, scratch, batch);
 }
 
 }  // namespace dc

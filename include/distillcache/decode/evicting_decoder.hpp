@@ -32,6 +32,7 @@
 #include "../cache/features.hpp"
 #include "../cache/keep_sets.hpp"
 #include "../math/layer_budgets.hpp"
+#include "in_place_eviction.hpp"
 
 namespace dc {
 
@@ -120,6 +121,12 @@ class EvictingDecoder {
   int evictions() const { return evictions_; }
   // The granularity keep-sets are chosen at (the request, capped by the policy's rule).
   Granularity granularity() const { return granularity_; }
+  // Whether evictions may run where the cache lives (decode/in_place_eviction.hpp; on by
+  // default, a no-op on the CPU); off, every eviction gathers the features to the host. The same
+  // keep-sets either way: the switch is for tests and measurements.
+  void set_in_place_eviction(bool allowed) { in_place_allowed_ = allowed; }
+  // Evictions that ran in place so far.
+  int in_place_evictions() const { return in_place_evictions_; }
 
  private:
   template <Backend, class>
@@ -139,6 +146,7 @@ class EvictingDecoder {
 
   std::span<const float> compress_prompt(int n) {
     evictions_ = 0;
+    in_place_evictions_ = 0;
     budget_tokens_ = budget_.resolve(n);
     chunk_tokens_ = budget_.chunk_for(budget_tokens_);
     resolve_layer_budgets(n);
@@ -166,6 +174,11 @@ class EvictingDecoder {
   }
 
   void evict() {
+    if (evict_in_place_if_possible()) {
+      ++evictions_;
+      ++in_place_evictions_;
+      return;
+    }
     gather_features_into(features_, model_.context(), cache_, granularity_);
     const TokenFeatures& f = features_;
     scores_.assign(std::size_t(f.size), 0.0f);
@@ -177,6 +190,14 @@ class EvictingDecoder {
             : select_keep_groups(scores_, f, std::span<const int>(layer_budgets_), budget_.sink, budget_.recent);
     compact_groups(model_.context(), cache_, f, keep);
     ++evictions_;
+  }
+
+  bool evict_in_place_if_possible() {
+    if (!in_place_allowed_ || selector_ != nullptr || !layer_budgets_.empty() || budget_.sink != 0 ||
+        budget_.recent != 0 || granularity_ != Granularity::head)
+      return false;
+    const std::optional<ScoreRule> rule = policy_.score_rule(budget_tokens_);
+    return rule && evict_in_place(model_.context(), cache_, *rule, budget_tokens_, in_place_scratch_);
   }
 
   Transformer<B, W>& model_;
@@ -194,6 +215,9 @@ class EvictingDecoder {
   std::vector<int> layer_budgets_;
   int largest_budget_ = 0;  // the most slots a layer keeps after an eviction
   int evictions_ = 0;
+  bool in_place_allowed_ = true;
+  int in_place_evictions_ = 0;
+  InPlaceEvictionScratch<B> in_place_scratch_;
 };
 
 // Steps several EvictingDecoders of one model as one batch: step(decoders, tokens) feeds

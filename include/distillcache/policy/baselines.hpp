@@ -77,8 +77,11 @@ class H2OPolicy final : public EvictionPolicy {
   }
   std::string name() const override { return name_; }
   int observation_window() const override { return 0; }  // every prompt query
+  std::optional<ScoreRule> score_rule(int budget) const override {
+    return ScoreRule{ScoreRule::Kind::accumulated_mass, recent_slots(budget)};
+  }
   void score_slots(const TokenFeatures& f, int budget, std::span<float> s) override {
-    const int recent = int(recent_fraction_ * budget);
+    const int recent = recent_slots(budget);
     for (int i = 0; i < f.size; ++i) {
       const bool is_recent = f.position[std::size_t(i)] > f.latest_position - recent;
       s[std::size_t(i)] = is_recent ? INFINITY : f.accumulated_mass[std::size_t(i)];
@@ -86,6 +89,7 @@ class H2OPolicy final : public EvictionPolicy {
   }
 
  private:
+  int recent_slots(int budget) const { return int(recent_fraction_ * budget); }
   double recent_fraction_;
   std::string name_;
 };

@@ -9,12 +9,24 @@
 // features.
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <span>
 #include <string>
 
 #include "../cache/features.hpp"
 
 namespace dc {
+
+// A policy's scores as a rule a backend can evaluate where the cache lives (decode/in_place_eviction.cuh: on
+// the device, no statistics copied to the host), at the head granularity.
+struct ScoreRule {
+  // accumulated_mass: the attention a slot received from the observed queries of its KV head's
+  // group (kStatMass; TokenFeatures::accumulated_mass), +inf for the `recent` newest positions
+  // (position > latest - recent): H2O.
+  enum class Kind { accumulated_mass };
+  Kind kind = Kind::accumulated_mass;
+  int recent = 0;
+};
 
 class EvictionPolicy {
  public:
@@ -41,6 +53,13 @@ class EvictionPolicy {
   // default): every layer keeps the budget. Applied at the layer and head granularities (a shared
   // keep-set has one budget for all layers).
   virtual std::span<const double> layer_budget_weights() const { return {}; }
+  // The policy's scores at the head granularity as a ScoreRule for a budget of `budget`, where
+  // they are one; nullopt (the default) where not. It must give exactly score()'s scores: the
+  // decoder then evicts without forming features (decode/in_place_eviction.hpp).
+  virtual std::optional<ScoreRule> score_rule(int budget) const {
+    (void)budget;
+    return std::nullopt;
+  }
   // Scores for every row of f (scores.size() == f.size); budget is the number each group keeps.
   // Checks the arguments (consistent, finite features; matching sizes; budget >= 0) and the
   // scores the policy wrote (no NaN; +-inf are fine and mean "always" / "never"), then returns.
