@@ -118,3 +118,49 @@ TEST_CASE("a bf16 cache's logits stay near the fp32 cache's, before and after pe
                       row * std::size_t(half.length(1))) == 0);
   }
 }
+
+namespace {
+
+// Every (layer, KV head)'s backend positions equal its host mirror.
+void check_positions_mirrored(const dc::KVCache<dc::cpu>& c) {
+  for (int l = 0; l < c.num_layers(); ++l)
+    for (int h = 0; h < c.num_kv_heads(); ++h) {
+      CAPTURE(l);
+      CAPTURE(h);
+      const auto& host = c.host_positions(l, h);
+      const std::int32_t* backend = c.positions(l) + std::size_t(h) * std::size_t(c.capacity());
+      CHECK(std::vector<std::int32_t>(backend, backend + host.size()) == host);
+    }
+}
+
+}  // namespace
+
+TEST_CASE("KVCache positions: one strided upload per run of equally long layers, and set from the backend") {
+  const dc::Context<dc::cpu> ctx;
+  dc::KVCache<dc::cpu> cache(dc::CacheShape{3, 4, 2, 8, 64, {}}, 32);
+  cache.append(ctx, 10);
+  check_positions_mirrored(cache);
+  // Layer 1 shorter than its neighbours: the next append writes runs [0], [1], [2] separately.
+  cache.compact_layer(ctx, 1, std::vector<std::int32_t>{1, 3, 5});
+  cache.append(ctx, 2);
+  CHECK(cache.length(0) == 12);
+  CHECK(cache.length(1) == 5);
+  CHECK(cache.host_positions(1, 1) == std::vector<std::int32_t>{1, 3, 5, 10, 11});
+  CHECK(cache.host_positions(2, 0).back() == 11);
+  check_positions_mirrored(cache);
+  // After a compaction done elsewhere (the CUDA in-place eviction): rows [layers * kv_heads, 4].
+  std::vector<std::int32_t> rows;
+  for (int r = 0; r < 3 * 2; ++r)
+    for (int i = 0; i < 4; ++i) rows.push_back(std::int32_t(r + 2 * i));
+  cache.set_positions_from_backend(ctx, rows.data(), 4);
+  for (int l = 0; l < 3; ++l) {
+    CHECK(cache.length(l) == 4);
+    for (int h = 0; h < 2; ++h) {
+      const int r = l * 2 + h;
+      CHECK(cache.host_positions(l, h) == std::vector<std::int32_t>{r, r + 2, r + 4, r + 6});
+    }
+  }
+  check_positions_mirrored(cache);
+  CHECK_THROWS_WITH_AS(cache.set_positions_from_backend(ctx, rows.data(), 33),
+                       doctest::Contains("33 positions per head (capacity 32)"), dc::Error);
+}
