@@ -47,8 +47,8 @@ namespace cuda_detail {
 template <int THREADS>
 __global__ void __launch_bounds__(THREADS)
     rule_scores_kernel(const float* DC_RESTRICT stats, const std::int32_t* DC_RESTRICT key_pos, int len,
-                       int capacity, int rows_per_head, int newest_unprotected, float* DC_RESTRICT scores,
-                       std::int32_t* DC_RESTRICT positions) {
+                       int capacity, int rows_per_head, int latest_position, int recent,
+                       float* DC_RESTRICT scores, std::int32_t* DC_RESTRICT positions) {
   const int j = int(blockIdx.x) * THREADS + int(threadIdx.x);
   const int h = int(blockIdx.y);
   if (j >= len) return;
@@ -56,8 +56,7 @@ __global__ void __launch_bounds__(THREADS)
   const std::int32_t position = key_pos[h * cap + j];
   const float mass = stats[(std::int64_t(h) * rows_per_head + kStatMass) * cap + j];
   const std::int64_t row = std::int64_t(h) * len + j;
-  // H2OPolicy::score_slots: the recent window scores +inf, everything else its accumulated mass.
-  scores[row] = position > newest_unprotected ? INFINITY : mass;
+  scores[row] = math::h2o_score(position, latest_position, recent, mass);  // as H2OPolicy's
   positions[row] = position;
 }
 
@@ -109,13 +108,13 @@ inline bool evict_in_place(const Context<cuda>& ctx, KVCache<cuda>& cache, const
   reserve(scratch.offsets, std::size_t(groups) + 1);
 
   // 1. Scores and positions, [groups, len].
-  const int newest_unprotected = cache.next_position() - 1 - rule.recent;
+  const int latest_position = cache.next_position() - 1;  // TokenFeatures::latest_position
   constexpr int kThreads = 256;
   for (int l = 0; l < layers; ++l) {
     const std::int64_t at = std::int64_t(l) * kv_heads * len;
     const dim3 grid(unsigned(ceil_div(len, kThreads)), unsigned(kv_heads));
     rule_scores_kernel<kThreads><<<grid, kThreads, 0, ctx.stream()>>>(
-        cache.stats(l), cache.positions(l), len, cap, cache.stat_rows(), newest_unprotected,
+        cache.stats(l), cache.positions(l), len, cap, cache.stat_rows(), latest_position, rule.recent,
         scratch.scores.data() + at, scratch.positions.data() + at);
     DC_CUDA_CHECK_LAUNCH("rule_scores_kernel");
   }

@@ -68,6 +68,14 @@ DC_HD float feature_position(int position, int latest_position) {
   return latest_position > 0 ? relative : 1.0f;
 }
 
+// H2O's score of a slot (Zhang et al. 2023): +inf for the `recent` newest positions (position >
+// latest - recent: always kept), else the attention mass it accumulated. H2OPolicy on the host
+// and the in-place eviction's kernel (decode/in_place_eviction.cuh) both score with it, so they
+// choose the same keep-sets.
+DC_HD float h2o_score(int position, int latest_position, int recent, float accumulated_mass) {
+  return position > latest_position - recent ? INFINITY : accumulated_mass;
+}
+
 // Welford-free variance of n values from their sum and sum of squares (n small: heads).
 DC_HD float variance_from_sums(float sum, float sum_squares, int n) {
   const float mean = sum / static_cast<float>(n);

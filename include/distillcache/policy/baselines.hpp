@@ -82,10 +82,9 @@ class H2OPolicy final : public EvictionPolicy {
   }
   void score_slots(const TokenFeatures& f, int budget, std::span<float> s) override {
     const int recent = recent_slots(budget);
-    for (int i = 0; i < f.size; ++i) {
-      const bool is_recent = f.position[std::size_t(i)] > f.latest_position - recent;
-      s[std::size_t(i)] = is_recent ? INFINITY : f.accumulated_mass[std::size_t(i)];
-    }
+    for (int i = 0; i < f.size; ++i)
+      s[std::size_t(i)] = math::h2o_score(f.position[std::size_t(i)], f.latest_position, recent,
+                                          f.accumulated_mass[std::size_t(i)]);
   }
 
  private:
