@@ -299,7 +299,8 @@ TEST_CASE("cuda swiglu and geglu match the CPU") {
 // terms is off by a few 1e-5 relative (2.6e-5 on the first H200 run, where the GPU's tree sum
 // was the closer of the two), so "GPU == CPU within 1e-5" tested the CPU's rounding. Both
 // backends are held to the double result: the GPU within 1e-5, the CPU within its sequential
-// sum's error (cols x 2^-24 relative, a bound it meets by a wide margin in practice).
+// sum's random-walk error, 4 sqrt(cols) 2^-24 relative (at least 1e-5): 4.3e-5 at 32000 columns,
+// where it is 2.6e-5 on this data (the worst case, cols x 2^-24, would let any bug through).
 namespace {
 
 std::vector<float> softmax_rows_in_double(const std::vector<float>& x, int n, int cols) {
@@ -325,7 +326,7 @@ TEST_CASE("cuda softmax_rows matches the softmax in double, as the CPU does") {
     const std::vector<float> want = softmax_rows_in_double(x, n, cols);
     std::vector<float> cpu(x.size());
     dc::softmax_rows(kCpu, cpu.data(), x.data(), n, cols);
-    CHECK(normalised_error(cpu, want) < std::max(1e-5f, float(cols) * 0x1p-24f));
+    CHECK(normalised_error(cpu, want) < std::max(1e-5f, 4.0f * std::sqrt(float(cols)) * 0x1p-24f));
     auto x_d = upload(ctx, x);
     dc::Tensor<float, dc::cuda> y_d(dc::Shape{n, cols});
     dc::softmax_rows(ctx, y_d.data(), x_d.data(), n, cols);

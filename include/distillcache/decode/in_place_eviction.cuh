@@ -24,7 +24,6 @@
 // What the host path checks and this one does not: finiteness of the features it never forms
 // (an infinite accumulated mass is scored as such).
 #include <cstdint>
-#include <span>
 #include <vector>
 
 #include <cub/device/device_segmented_sort.cuh>
