@@ -11,9 +11,12 @@
 //                 gate/up, down, lm_head), n = 1, 4, 8 (the GEMV) and 16 (cuBLAS); counters: the
 //                 weights' bytes per second and that over the GPU's peak. Consecutive launches
 //                 read different copies of W (512 MB in all), so L2 (50 MB) cannot serve them.
-//   attention_32k/S/stats  one decode query per sequence over a 32k bf16 cache (32 query, 8 KV
-//                 heads of 128), S caches one after another as Transformer::forward_batch runs
-//                 them, statistics off or on; counters: K/V bytes per second, fraction of peak.
+//   projections_bf16/ffn/fused  one decode row through Wq, Wk, Wv (ffn 0) or gate and up (1),
+//                 one launch (fused 1) or one matmul each; counters as matmul_bf16.
+//   attention_32k/S/stats/kernel  one decode query per sequence over a 32k bf16 cache (32 query,
+//                 8 KV heads of 128), S caches one after another as Transformer::forward_batch
+//                 runs them, statistics off or on; kernel 0 as dispatched, else a fixed kernel
+//                 (the tiled one, decode variants); counters: K/V bytes per second, of peak.
 //   small_kernel  rmsnorm of one 4096-wide row, launched back to back: what a kernel that does
 //                 almost nothing costs on the device (a decode step launches ~15 per layer).
 //
@@ -227,6 +230,45 @@ void matmul_bf16(benchmark::State& state) {
   }
 }
 
+// One decode row through the matrices that share an input, Mistral-7B's Wq, Wk and Wv (4096,
+// 1024 and 1024 rows of 4096) or gate and up (2 x 14336 rows): fused, one matmul_shared_input
+// launch; else one matmul each (for the ratio in one run).
+void projections_bf16(benchmark::State& state) {
+  try {
+    const bool ffn = state.range(0) != 0, fused = state.range(1) != 0;
+    constexpr int kIn = 4096;
+    const std::vector<int> outs = ffn ? std::vector<int>{14336, 14336} : std::vector<int>{4096, 1024, 1024};
+    dc::Context<dc::cuda> ctx;
+    std::int64_t per = 0;  // weights of one set
+    for (const int o : outs) per += std::int64_t(o) * kIn;
+    const std::int64_t copies = std::max<std::int64_t>(2, (std::int64_t(512) << 20) / (2 * per));
+    dc::Tensor<dc::bf16, dc::cuda> w(dc::Shape{copies * per});
+    const float a = std::sqrt(3.0f / float(kIn));
+    dc_bench::fill_uniform(ctx, w.data(), copies * per, -a, a, 7);
+    dc::Tensor<float, dc::cuda> x(dc::Shape{kIn}), y(dc::Shape{per / kIn});
+    dc_bench::fill_uniform(ctx, x.data(), x.numel(), -1.0f, 1.0f, 8);
+    time_on_device(state, ctx, 20, [&](int r) {
+      dc::MatmulOutput<dc::bf16> o[3]{};
+      const dc::bf16* wp = w.data() + (r % copies) * per;
+      float* yp = y.data();
+      for (std::size_t t = 0; t < outs.size(); ++t) {
+        o[t] = {yp, wp, outs[t]};
+        wp += std::int64_t(outs[t]) * kIn;
+        yp += outs[t];
+      }
+      if (!fused)
+        for (std::size_t t = 0; t < outs.size(); ++t) dc::matmul(ctx, o[t].y, x.data(), o[t].w, 1, kIn, o[t].out);
+      else if (ffn)
+        dc::matmul_shared_input(ctx, x.data(), 1, kIn, {o[0], o[1]});
+      else
+        dc::matmul_shared_input(ctx, x.data(), 1, kIn, {o[0], o[1], o[2]});
+    });
+    bandwidth_counters(state, 2.0 * double(per));
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+  }
+}
+
 void attention_32k(benchmark::State& state) {
   try {
     const int sequences = int(state.range(0));
@@ -257,12 +299,24 @@ void attention_32k(benchmark::State& state) {
     dc::Tensor<float, dc::cuda> out(dc::Shape{q.numel()});
     dc_bench::fill_uniform(ctx, q.data(), q.numel(), -1.0f, 1.0f, 9);
     const std::int32_t* query_pos = key_pos.data() + kLen - 1;  // the newest slot's position
+    const int kernel = int(state.range(2));
     time_on_device(state, ctx, 5, [&](int) {
       for (int s = 0; s < sequences; ++s) {
         const std::int64_t row = std::int64_t(s) * kHeads * kHeadDim;
         const dc::AttentionStats st{with_stats ? stats[std::size_t(s)].data() : nullptr, 0};
-        dc::attention(ctx, out.data() + row, q.data() + row, keys[std::size_t(s)].data(),
-                      values[std::size_t(s)].data(), key_pos.data(), kLen, query_pos, 1, shape, st);
+        const dc::bf16 *k = keys[std::size_t(s)].data(), *v = values[std::size_t(s)].data();
+        if (kernel == 0) {
+          dc::attention(ctx, out.data() + row, q.data() + row, k, v, key_pos.data(), kLen, query_pos, 1, shape, st);
+          continue;
+        }
+        // Fixed kernels, for ratios in one run: the tiled kernel, decode variants (unroll, blocks).
+        namespace cd = dc::cuda_detail;
+        const auto p = cd::attention_params(out.data() + row, q.data() + row, k, v, key_pos.data(), kLen,
+                                            query_pos, 1, shape);
+        if (kernel == 1) cd::launch_attention<dc::bf16, kHeadDim, false, 4>(ctx, p, kKvHeads, st);
+        if (kernel == 2) cd::launch_decode_attention<dc::bf16, kHeadDim, 4, 2, 4>(ctx, p, kKvHeads, st);
+        if (kernel == 3) cd::launch_decode_attention<dc::bf16, kHeadDim, 4, 8, 2>(ctx, p, kKvHeads, st);
+        if (kernel == 4) cd::launch_decode_attention<dc::bf16, kHeadDim, 4, 4, 2>(ctx, p, kKvHeads, st);
       }
     });
     bandwidth_counters(state, 2.0 * double(sequences) * kKvHeads * kLen * kHeadDim * sizeof(dc::bf16));
@@ -298,14 +352,28 @@ void register_kernels() {
           ->Iterations(10)
           ->UseManualTime()
           ->Unit(benchmark::kMicrosecond);
-  for (const int sequences : {1, 16})
-    for (const int with_stats : {0, 1})
-      benchmark::RegisterBenchmark("attention_32k", attention_32k)
-          ->Args({sequences, with_stats})
-          ->ArgNames({"S", "stats"})
+  for (const int ffn : {0, 1})
+    for (const int fused : {0, 1})
+      benchmark::RegisterBenchmark("projections_bf16", projections_bf16)
+          ->Args({ffn, fused})
+          ->ArgNames({"ffn", "fused"})
           ->Iterations(10)
           ->UseManualTime()
           ->Unit(benchmark::kMicrosecond);
+  // kernel 0: what dc::attention picks; 1: the tiled kernel; 2-4: decode kernel variants
+  // (unroll, min blocks per SM) = (2, 4), (8, 2), (4, 2) against the default (4, 3).
+  std::vector<std::vector<std::int64_t>> attention_args;
+  for (const int sequences : {1, 16})
+    for (const int with_stats : {0, 1}) attention_args.push_back({sequences, with_stats, 0});
+  for (const int kernel : {1, 2, 3, 4}) attention_args.push_back({1, 0, kernel});
+  attention_args.push_back({16, 0, 1});
+  for (const auto& args : attention_args)
+    benchmark::RegisterBenchmark("attention_32k", attention_32k)
+        ->Args(args)
+        ->ArgNames({"S", "stats", "kernel"})
+        ->Iterations(10)
+        ->UseManualTime()
+        ->Unit(benchmark::kMicrosecond);
   benchmark::RegisterBenchmark("small_kernel", small_kernel)->Iterations(10)->UseManualTime()->Unit(benchmark::kMicrosecond);
 }
 

@@ -21,7 +21,8 @@
 //
 // The second timed step of each decode benchmark (not the first: one-time setup) sits between
 // cudaProfilerStart and cudaProfilerStop, so `ncu --profile-from-start off` measures the kernels of
-// exactly one step (bench/gpu_check.sh's profile stage).
+// exactly one step (bench/gpu_check.sh's profile stage); evict_phases brackets its second
+// in-place eviction the same way.
 //
 // The caches are filled with random K/V and statistics, not by a 32k-token prefill (minutes per
 // sequence on this library's attention): decode cost depends on how long the cache is, not on how
@@ -299,6 +300,7 @@ void evict_phases(benchmark::State& state, Setup& setup) {
     const std::optional<dc::ScoreRule> rule = h2o.score_rule(b);
     dc::InPlaceEvictionScratch<dc::cuda> scratch;
     double in_place_ms = 0.0;
+    int iteration = 0;
     for (auto _ : state) {
       state.PauseTiming();
       work.copy_from(ctx, before);
@@ -310,8 +312,10 @@ void evict_phases(benchmark::State& state, Setup& setup) {
       dc::synchronize(ctx);
       state.ResumeTiming();
       const auto t = Clock::now();
+      profile_step(iteration, true);  // the second in-place eviction, for ncu
       if (!rule || !dc::evict_in_place(ctx, work, *rule, b, scratch)) throw std::runtime_error("in-place eviction declined");
       dc::synchronize(ctx);
+      profile_step(iteration++, false);
       in_place_ms += ms_since(t);
     }
     const double n = double(std::max<benchmark::IterationCount>(1, state.iterations()));

@@ -6,7 +6,8 @@
 #   quick     every CUDA test once (CPU oracles) and bench_cuda (the tiny model, one Mistral layer)
 #   long      bench_cuda_long: Mistral-7B-v0.3's shape at 32k context, S = 1 and 16, full cache
 #             against 25 % (about 95 GB of GPU memory), then bench/gpu_long_summary.py
-#   profile   one decode step of bench_cuda_long (full cache, S = 1 and 16; 25 % at S = 1) under
+#   profile   one decode step of bench_cuda_long (full cache, S = 1 and 16; 25 % at S = 1) and one
+#             in-place eviction under
 #             Nsight Compute: every kernel's device time and DRAM bytes, bench/ncu_summary.py
 #   sanitize  the CUDA tests under compute-sanitizer's memcheck
 #   all       quick, long, profile, then sanitize, each with what is left of the budget (the
@@ -127,8 +128,9 @@ if [ "$stage" = long ] || [ "$stage" = all ]; then
   } | summary
 fi
 if [ "$stage" = profile ] || [ "$stage" = all ]; then
-  # Each benchmark brackets its second step with cudaProfilerStart/Stop: one step's kernels.
-  for filter in "full/S:1/" "full/S:16/" "once/S:1/"; do
+  # Each benchmark brackets its second step with cudaProfilerStart/Stop: one step's kernels
+  # (evict_phases: its second in-place eviction).
+  for filter in "full/S:1/" "full/S:16/" "once/S:1/" "evict_phases"; do
     name=$(echo "$filter" | tr -d '/:' | tr '%' 'p')
     [ "$(left)" -gt 40 ] || { echo "profile $filter: no time left" | summary; break; }
     if ! command -v ncu > /dev/null; then echo "profile: ncu not found" | summary; break; fi

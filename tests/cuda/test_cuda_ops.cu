@@ -140,6 +140,39 @@ TEST_CASE("cuda matmul (GEMV and cuBLAS paths, float and bf16) matches the CPU")
   }
 }
 
+TEST_CASE("cuda matmul_shared_input equals one matmul per matrix, bit for bit") {
+  // One GEMV launch over several matrices (n within the GEMV's rows) or one cuBLAS call each:
+  // either way every output row is computed as a single matmul computes it. Odd row counts end
+  // blocks part-way; an empty output is skipped.
+  Gpu ctx;
+  const int in = 256;
+  const int outs[3] = {100, 0, 37};
+  auto check = [&](auto tag) {
+    using W = decltype(tag);
+    for (const int n : {1, 3, 9}) {
+      CAPTURE(n);
+      auto x_d = upload(ctx, random_vector(std::size_t(n) * in, 500));
+      std::vector<dc::Tensor<W, dc::cuda>> w_d;
+      std::vector<dc::Tensor<float, dc::cuda>> fused, single;
+      for (int t = 0; t < 3; ++t) {
+        const auto w = random_vector(std::size_t(outs[t]) * in + 1, 501 + t);
+        if constexpr (std::is_same_v<W, dc::bf16>) w_d.push_back(upload(ctx, to_bf16_vector(w)));
+        else w_d.push_back(upload(ctx, w));
+        fused.push_back(upload(ctx, std::vector<float>(std::size_t(n) * outs[t] + 1, -1.0f)));
+        single.push_back(upload(ctx, std::vector<float>(std::size_t(n) * outs[t] + 1, -1.0f)));
+        dc::matmul(ctx, single.back().data(), x_d.data(), w_d.back().data(), n, in, outs[t]);
+      }
+      dc::matmul_shared_input(ctx, x_d.data(), n, in,
+                              {dc::MatmulOutput<W>{fused[0].data(), w_d[0].data(), outs[0]},
+                               dc::MatmulOutput<W>{fused[1].data(), w_d[1].data(), outs[1]},
+                               dc::MatmulOutput<W>{fused[2].data(), w_d[2].data(), outs[2]}});
+      for (int t = 0; t < 3; ++t) CHECK(download(ctx, fused[std::size_t(t)]) == download(ctx, single[std::size_t(t)]));
+    }
+  };
+  SUBCASE("float weights") { check(float{}); }
+  SUBCASE("bf16 weights") { check(dc::bf16{}); }
+}
+
 TEST_CASE("cuda rope matches the CPU up to position 30000") {
   Gpu ctx;
   const std::vector<std::int32_t> pos{0, 1, 7, 100, 4095, 30000};
@@ -245,34 +278,49 @@ TEST_CASE("cuda attention matches the CPU: decode, chunks, windows, GQA, compact
       {"hd 256 (padded), chunk 2", 2, 300, 2, 1, 256, 0, false},
       {"short cache shorter than a tile", 5, 5, 3, 1, 64, 0, false},
       {"K/V pointers not 16-byte aligned: scalar loads", 4, 500, 4, 2, 64, 0, false, 1},
+      // The one-query (decode) kernel: every group width it instantiates (1, up to 4, up to 8,
+      // with unused heads), fp32 rows of 64 and 128 (16 and 32 lanes a key), caches shorter than
+      // one step, a window that leaves whole splits empty, an unaligned cache (tiled kernel).
+      {"decode, GQA 8, hd 128", 1, 5000, 16, 2, 128, 0, false},
+      {"decode, GQA 2 (4 wide), hd 128", 1, 3001, 8, 4, 128, 0, false},
+      {"decode, GQA 6 (8 wide), hd 64, window 300", 1, 4000, 12, 2, 64, 300, false},
+      {"decode, MHA, hd 128, compacted", 1, 2500, 4, 4, 128, 0, true},
+      {"decode, len 5, GQA 4, hd 128", 1, 5, 8, 2, 128, 0, false},
+      {"decode, len 37, GQA 3, hd 64, window 8", 1, 37, 6, 2, 64, 8, false},
+      {"decode, unaligned cache, GQA 4, hd 128", 1, 700, 8, 2, 128, 0, false, 1},
   };
   for (const auto& c : cases) check_attention(c);
 }
 
 TEST_CASE("cuda attention gives zeros when a query sees no key, like the CPU") {
   Gpu ctx;
-  const int len = 40, n = 2, hd = 64, heads = 2;
+  const int len = 40, hd = 64, heads = 2;
   dc::AttentionShape s{heads, 1, hd, 4, 0.125f, len};
   std::vector<std::int32_t> key_pos(len);
   for (int j = 0; j < len; ++j) key_pos[std::size_t(j)] = 100 + j;
-  const std::vector<std::int32_t> query_pos{5, 300};  // before every key; past every window
-  const auto q = random_vector(std::size_t(n) * heads * hd, 90);
-  const auto kc = random_vector(std::size_t(len) * hd, 91);
-  const auto vc = random_vector(kc.size(), 92);
-  std::vector<float> want(q.size(), 1.0f);
-  dc::attention(kCpu, want.data(), q.data(), kc.data(), vc.data(), key_pos.data(), len,
-                query_pos.data(), n, s);
-  auto q_d = upload(ctx, q);
-  auto kc_d = upload(ctx, kc);
-  auto vc_d = upload(ctx, vc);
-  auto kp_d = upload(ctx, key_pos);
-  auto qp_d = upload(ctx, query_pos);
-  auto out_d = upload(ctx, std::vector<float>(q.size(), 1.0f));
-  dc::attention(ctx, out_d.data(), q_d.data(), kc_d.data(), vc_d.data(), kp_d.data(), len,
-                qp_d.data(), n, s);
-  const auto got = download(ctx, out_d);
-  CHECK(std::all_of(want.begin(), want.end(), [](float v) { return v == 0.0f; }));
-  CHECK(std::all_of(got.begin(), got.end(), [](float v) { return v == 0.0f; }));
+  // Before every key; past every window: one query each (the decode kernel), then both (tiled).
+  for (const std::vector<std::int32_t>& query_pos :
+       {std::vector<std::int32_t>{5}, std::vector<std::int32_t>{300}, std::vector<std::int32_t>{5, 300}}) {
+    const int n = int(query_pos.size());
+    CAPTURE(n);
+    const auto q = random_vector(std::size_t(n) * heads * hd, 90);
+    const auto kc = random_vector(std::size_t(len) * hd, 91);
+    const auto vc = random_vector(kc.size(), 92);
+    std::vector<float> want(q.size(), 1.0f);
+    dc::attention(kCpu, want.data(), q.data(), kc.data(), vc.data(), key_pos.data(), len,
+                  query_pos.data(), n, s);
+    auto q_d = upload(ctx, q);
+    auto kc_d = upload(ctx, kc);
+    auto vc_d = upload(ctx, vc);
+    auto kp_d = upload(ctx, key_pos);
+    auto qp_d = upload(ctx, query_pos);
+    auto out_d = upload(ctx, std::vector<float>(q.size(), 1.0f));
+    dc::attention(ctx, out_d.data(), q_d.data(), kc_d.data(), vc_d.data(), kp_d.data(), len,
+                  qp_d.data(), n, s);
+    const auto got = download(ctx, out_d);
+    CHECK(std::all_of(want.begin(), want.end(), [](float v) { return v == 0.0f; }));
+    CHECK(std::all_of(got.begin(), got.end(), [](float v) { return v == 0.0f; }));
+  }
 }
 
 TEST_CASE("cuda swiglu and geglu match the CPU") {
@@ -828,6 +876,9 @@ TEST_CASE("cuda attention statistics match the CPU: decode, chunks, windows, GQA
       {"unaligned K/V (scalar loads), from 2", 4, 500, 4, 2, 64, 0, false, 2, 1},
       // The CPU sums 32k exponentials one by one: its partition sum alone is off by ~1e-5.
       {"decode at 32k, GQA 4, hd 64", 1, 32768, 8, 2, 64, 0, false, 0, 0, 1e-4f},
+      {"decode, GQA 8, hd 128, window 1000", 1, 5000, 16, 2, 128, 1000, false, 0},
+      {"decode, GQA 6 (8 wide), hd 64, compacted", 1, 3000, 12, 2, 64, 0, true, 0},
+      {"decode, len 3, MHA, hd 64", 1, 3, 2, 2, 64, 0, false, 0},
   };
   for (const auto& c : cases) check_attention_stats(c);
 }
@@ -845,6 +896,11 @@ TEST_CASE("cuda attention over a bf16 cache matches the CPU's, statistics includ
       {"hd 16 (padded), MHA, window 100, from 5", 16, 2000, 4, 4, 16, 100, false, 5},
       {"short cache shorter than a tile", 5, 5, 3, 1, 64, 0, false, 2},
       {"unaligned K/V by one bf16 (scalar loads), from 2", 4, 500, 4, 2, 64, 0, false, 2, 1},
+      // The one-query (decode) kernel on bf16 rows (8 lanes a key at hd 64, 16 at 128).
+      {"decode, GQA 8, hd 64, observed", 1, 3000, 16, 2, 64, 0, false, 0},
+      {"decode, MHA, hd 128, compacted, observed", 1, 2000, 4, 4, 128, 0, true, 0},
+      {"decode, GQA 3 (4 wide), hd 64, window 100, observed", 1, 2000, 6, 2, 64, 100, false, 0},
+      {"decode, len 9, GQA 4, hd 128, observed", 1, 9, 8, 2, 128, 0, false, 0},
   };
   for (const auto& c : cases) check_attention_stats<dc::bf16>(c);
 }

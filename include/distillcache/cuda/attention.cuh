@@ -9,7 +9,13 @@
 // positions, so one kernel serves prefill, decode, sliding windows and compacted (evicted)
 // caches, whose positions have gaps.
 //
-// Algorithm (why this one): a single pass with an online softmax over key tiles, split along the
+// Two main kernels: one query per sequence (a decode step) takes decode_attention_kernel
+// (cuda/attention_decode.cuh: K/V straight into registers, every load serving the whole GQA
+// group) where it applies; everything else (prefill chunks, padded head dims, unaligned caches)
+// takes the tiled kernel described here. Both write the same split partials and statistics
+// scratch, so the split combine and the statistics fold below serve both.
+//
+// Algorithm of the tiled kernel (why this one): a single pass with an online softmax over key tiles, split along the
 // keys when there are too few blocks to fill the GPU (flash-decoding), then a small combine
 // kernel. Shared memory holds one tile of K and V whatever len is, so len is bounded only by
 // memory (32k+ is routine), and K/V are read once per block instead of twice as a two-pass
@@ -53,6 +59,8 @@
 #include "../math/attention_shape.hpp"
 #include "../math/features.hpp"
 #include "../math/softmax.hpp"
+#include "attention_decode.cuh"
+#include "attention_parts.cuh"
 #include "check.cuh"
 #include "common.cuh"
 #include "context.cuh"
@@ -89,31 +97,6 @@
 namespace dc {
 namespace cuda_detail {
 
-inline constexpr int kAttnTileKeys = kWarpSize;  // one key per lane in the score phase
-inline constexpr int kAttnMinKeysPerSplit = 256;  // below this a split's fixed cost dominates
-
-template <class KV>
-struct AttentionParams {
-  float* out;                      // [n, heads*head_dim]
-  const float* q;                  // [n, heads*head_dim]
-  const KV* k_cache;               // [kv_heads, capacity, head_dim]
-  const KV* v_cache;               // [kv_heads, capacity, head_dim]
-  const std::int32_t* key_pos;     // [kv_heads, capacity]
-  const std::int32_t* query_pos;   // [n]
-  float* part_o;                   // [splits, n*heads, head_dim] unnormalised partial outputs
-  float2* part_ml;                 // [splits, n*heads] (running max, running sum)
-  // Statistics (null when off): observed rows are queries t >= first_observed.
-  float* obs_scores;               // [n - first_observed, heads, len] raw scaled scores
-  float4* obs_state;               // [n - first_observed, heads] (max, 1/Z, entropy, 0)
-  float* part_w;                   // [splits, n*heads] sum of e^(s - max) (s - max), split path
-  int first_observed;
-  int len, n, num_heads, group, head_dim, window, capacity;
-  float scale;
-  int rows;            // n * group query rows per KV head
-  int keys_per_split;  // multiple of kAttnTileKeys
-  int num_splits;
-};
-
 // Per-lane slice of a head: VEC-wide chunks at dims c*32*VEC + lane*VEC, so a warp reading one
 // smem row touches consecutive 16-byte words (no bank conflicts).
 template <int HEAD_DIM_CAP>
@@ -138,14 +121,6 @@ __device__ __forceinline__ void load_smem(const float* p, float (&v)[VEC]) {
   }
 }
 
-// Widens 8 bf16 (one 16-byte load) into 8 floats at dst: element 2i is the low half of 32-bit
-// word i (little-endian).
-__device__ __forceinline__ void store_widened(float* dst, uint4 w) {
-  *reinterpret_cast<float4*>(dst) = make_float4(__uint_as_float(w.x << 16), __uint_as_float(w.x & 0xffff0000u),
-                                                __uint_as_float(w.y << 16), __uint_as_float(w.y & 0xffff0000u));
-  *reinterpret_cast<float4*>(dst + 4) = make_float4(__uint_as_float(w.z << 16), __uint_as_float(w.z & 0xffff0000u),
-                                                    __uint_as_float(w.w << 16), __uint_as_float(w.w & 0xffff0000u));
-}
 // The next K/V tile, loaded into registers while the block computes the current one (exact-width
 // variants, whose tile of kTile rows is one contiguous 16-byte aligned run): per thread kLoads
 // 16-byte vectors of K and of V at vector indices threadIdx.x + i * kThreads of the tile, rows
@@ -200,15 +175,6 @@ constexpr std::size_t attention_smem_bytes() {
   // block's queries.
   return (std::size_t(2) * kAttnTileKeys * (HEAD_DIM_CAP + 4) + std::size_t(ROWS) * HEAD_DIM_CAP) *
          sizeof(float);
-}
-
-// Final softmax state of an observed row from its max, partition sum Z and weighted sum
-// sum e^(s - max) (s - max): (max, 1/Z, entropy in nats, 0). As the CPU, a row that sees no key
-// has entropy 0 (and no visible slot, so 1/Z is never used).
-__device__ __forceinline__ float4 row_state(float max, float sum, float weighted) {
-  if (!(sum > 0.0f)) return make_float4(-INFINITY, 0.0f, 0.0f, 0.0f);
-  const float inv = 1.0f / sum;
-  return make_float4(max, inv, math::softmax_entropy(logf(sum), weighted * inv), 0.0f);
 }
 
 template <class KV, int HEAD_DIM_CAP, bool PADDED, int ROWS>
@@ -374,16 +340,23 @@ __global__ void __launch_bounds__(ROWS * kWarpSize) attention_kernel(const Atten
 // Merges the splits of one (query, head) row: one block per row. Warp 0 combines the splits'
 // (max, sum) pairs (each lane a strided subset, then a butterfly; lane 0's result is the row's,
 // since fused multiply-adds may round the lanes' copies apart), and writes each split's weight
-// e^(m_s - M) / Z once to shared memory (and, with kStats, an observed row's statistics state);
-// then every thread sums its dims of the splits' partial outputs with those weights. (Computing
-// e^(m_s - M) per split and dim, serially per thread, cost 21 us a row on an H200 at 33 splits.)
-template <bool kStats>
-__global__ void attention_combine_kernel(float* DC_RESTRICT out, const float* DC_RESTRICT part_o,
-                                         const float2* DC_RESTRICT part_ml,
-                                         const float* DC_RESTRICT part_w,
-                                         float4* DC_RESTRICT obs_state, int first_observed_row,
-                                         int rows_total, int head_dim, int num_splits) {
-  extern __shared__ float split_weight[];  // [num_splits]
+// e^(m_s - M) / Z once to shared memory (and, with kStats, an observed row's statistics state).
+// Then the block sums the splits' partial outputs with those weights: the threads are
+// kCombineThreads / (head_dim / VEC) groups, each walking every groups-th split with VEC-wide
+// loads, and the groups' sums are added in group order (deterministic). Why not one thread per
+// dim walking all splits: that is one dependent HBM round trip per split, 12.5 us per call on an
+// H200 at 66 splits (11 % of a 16-sequence decode step).
+inline constexpr int kCombineThreads = 256;
+
+template <bool kStats, int VEC>
+__global__ void __launch_bounds__(kCombineThreads)
+    attention_combine_kernel(float* DC_RESTRICT out, const float* DC_RESTRICT part_o,
+                             const float2* DC_RESTRICT part_ml, const float* DC_RESTRICT part_w,
+                             float4* DC_RESTRICT obs_state, int first_observed_row, int rows_total,
+                             int head_dim, int num_splits) {
+  extern __shared__ float4 combine_smem4[];  // float4: 16-byte aligned
+  float* split_weight = reinterpret_cast<float*>(combine_smem4);  // [num_splits], padded to 4
+  float* group_sums = split_weight + (num_splits + 3) / 4 * 4;     // [groups][head_dim]
   const int row = blockIdx.x;
   if (threadIdx.x < kWarpSize) {
     const int lane = threadIdx.x;
@@ -416,12 +389,31 @@ __global__ void attention_combine_kernel(float* DC_RESTRICT out, const float* DC
     }
   }
   __syncthreads();
-  for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
-    float acc = 0.0f;
+  const int lanes = head_dim / VEC;  // threads per split row (head_dim <= 256)
+  const int groups = kCombineThreads / lanes;
+  const int group = threadIdx.x / lanes, c = threadIdx.x % lanes;
+  if (group < groups) {
+    float acc[VEC] = {};
 #pragma unroll 4
-    for (int s = 0; s < num_splits; ++s)
-      acc = fmaf(part_o[(std::int64_t(s) * rows_total + row) * head_dim + d], split_weight[s], acc);
-    out[std::int64_t(row) * head_dim + d] = acc;
+    for (int s = group; s < num_splits; s += groups) {
+      const float* src = part_o + (std::int64_t(s) * rows_total + row) * head_dim + c * VEC;
+      const float weight = split_weight[s];
+      if constexpr (VEC == 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src);
+        acc[0] = fmaf(v.x, weight, acc[0]), acc[1] = fmaf(v.y, weight, acc[1]);
+        acc[2] = fmaf(v.z, weight, acc[2]), acc[3] = fmaf(v.w, weight, acc[3]);
+      } else {
+        acc[0] = fmaf(src[0], weight, acc[0]);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) group_sums[group * head_dim + c * VEC + i] = acc[i];
+  }
+  __syncthreads();
+  for (int d = threadIdx.x; d < head_dim; d += kCombineThreads) {
+    float sum = 0.0f;
+    for (int g = 0; g < groups; ++g) sum += group_sums[g * head_dim + d];
+    out[std::int64_t(row) * head_dim + d] = sum;
   }
 }
 
@@ -455,28 +447,12 @@ __global__ void __launch_bounds__(THREADS)
       });
 }
 
-// Carves one workspace request into 16-byte aligned float sections (a single workspace() call:
-// a second one could reallocate and drop the first's contents).
-struct WorkspaceCarver {
-  std::size_t floats = 0;
-  std::size_t take(std::size_t count) {
-    const std::size_t at = floats;
-    floats += (count + 3) / 4 * 4;
-    return at;
-  }
-};
-
-template <class KV, int HEAD_DIM_CAP, bool PADDED, int ROWS>
-void launch_attention(const Context<cuda>& ctx, AttentionParams<KV> p, int kv_heads,
-                      AttentionStats stats) {
-  const int row_blocks = int(ceil_div(p.rows, ROWS));
-  // Split the keys only when the (row block, KV head) grid cannot fill the GPU 4 times over: a
-  // block waits on HBM for every tile, so an SM needs several resident (about 36 KB of shared
-  // memory each at head_dim 128, so up to 6 fit) to keep the memory system busy; 2 per SM held a
-  // 32k decode to 0.93 TB/s on an H200.
-  const int base_blocks = row_blocks * kv_heads;
+// Splits of the keys so that base_blocks * splits fills target blocks, never below
+// kAttnMinKeysPerSplit keys a split (its fixed cost would dominate); sets p.keys_per_split (a
+// multiple of kAttnTileKeys) and p.num_splits.
+template <class KV>
+void choose_splits(AttentionParams<KV>& p, int base_blocks, int target) {
   int splits = 1;
-  const int target = 4 * ctx.sm_count();
   if (base_blocks < target) {
     const int by_occupancy = int(ceil_div(target, base_blocks));
     const int by_length = int(ceil_div(p.len, kAttnMinKeysPerSplit));
@@ -485,9 +461,12 @@ void launch_attention(const Context<cuda>& ctx, AttentionParams<KV> p, int kv_he
   }
   p.keys_per_split = int(ceil_div(ceil_div(p.len, splits), kAttnTileKeys) * kAttnTileKeys);
   p.num_splits = int(ceil_div(p.len, p.keys_per_split));
+}
 
-  // Workspace, one request: statistics state and scores of the observed rows, then the split
-  // partials (outputs, (max, sum) pairs, weighted sums).
+// Workspace, one request: statistics state and scores of the observed rows, then the split
+// partials (outputs, (max, sum) pairs, weighted sums). Returns the number of observed queries.
+template <class KV>
+int carve_attention_workspace(const Context<cuda>& ctx, AttentionParams<KV>& p, AttentionStats stats) {
   const int rows_total = p.n * p.num_heads;
   const int observed = stats.block ? p.n - stats.first_observed : 0;  // first_observed in [0, n]
   const std::size_t obs_rows = std::size_t(observed) * p.num_heads;
@@ -511,19 +490,21 @@ void launch_attention(const Context<cuda>& ctx, AttentionParams<KV> p, int kv_he
       p.part_ml = reinterpret_cast<float2*>(ws + at_ml);
     }
   }
+  return observed;
+}
 
-  constexpr std::size_t kSmem = attention_smem_bytes<HEAD_DIM_CAP, ROWS>();
-  auto kernel = attention_kernel<KV, HEAD_DIM_CAP, PADDED, ROWS>;
-  if constexpr (kSmem > 48 * 1024)  // opt in to more than the default 48 KiB of dynamic smem
-    DC_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
-  const dim3 grid(unsigned(row_blocks), unsigned(kv_heads), unsigned(p.num_splits));
-  kernel<<<grid, ROWS * kWarpSize, kSmem, ctx.stream()>>>(p);
-  DC_CUDA_CHECK_LAUNCH("attention_kernel");
+// After either main kernel: the split combine (more than one split) and the statistics fold
+// (observed queries).
+template <class KV>
+void finish_attention(const Context<cuda>& ctx, const AttentionParams<KV>& p, int kv_heads,
+                      AttentionStats stats, int observed) {
+  const int rows_total = p.n * p.num_heads;
   if (p.num_splits > 1) {
-    const int threads = p.head_dim < 128 ? 64 : 128;
-    auto combine = observed ? attention_combine_kernel<true> : attention_combine_kernel<false>;
-    combine<<<rows_total, threads, std::size_t(p.num_splits) * sizeof(float), ctx.stream()>>>(
+    const bool vec4 = p.head_dim % 4 == 0;  // partial rows are then 16-byte aligned
+    auto combine = observed ? (vec4 ? attention_combine_kernel<true, 4> : attention_combine_kernel<true, 1>)
+                            : (vec4 ? attention_combine_kernel<false, 4> : attention_combine_kernel<false, 1>);
+    const std::size_t smem = (std::size_t(p.num_splits + 3) / 4 * 4 + kCombineThreads * (vec4 ? 4 : 1)) * sizeof(float);
+    combine<<<rows_total, kCombineThreads, smem, ctx.stream()>>>(
         p.out, p.part_o, p.part_ml, p.part_w, p.obs_state, stats.first_observed * p.num_heads,
         rows_total, p.head_dim, p.num_splits);
     DC_CUDA_CHECK_LAUNCH("attention_combine_kernel");
@@ -536,6 +517,66 @@ void launch_attention(const Context<cuda>& ctx, AttentionParams<KV> p, int kv_he
         observed, p.num_heads, p.group, p.len, p.capacity, p.window);
     DC_CUDA_CHECK_LAUNCH("attention_stats_kernel");
   }
+}
+
+template <class KV, int HEAD_DIM_CAP, bool PADDED, int ROWS>
+void launch_attention(const Context<cuda>& ctx, AttentionParams<KV> p, int kv_heads,
+                      AttentionStats stats) {
+  const int row_blocks = int(ceil_div(p.rows, ROWS));
+  // Split the keys only when the (row block, KV head) grid cannot fill the GPU 4 times over: a
+  // block waits on HBM for every tile, so an SM needs several resident (about 36 KB of shared
+  // memory each at head_dim 128, so up to 6 fit) to keep the memory system busy; 2 per SM held a
+  // 32k decode to 0.93 TB/s on an H200.
+  choose_splits(p, row_blocks * kv_heads, 4 * ctx.sm_count());
+  const int observed = carve_attention_workspace(ctx, p, stats);
+  constexpr std::size_t kSmem = attention_smem_bytes<HEAD_DIM_CAP, ROWS>();
+  auto kernel = attention_kernel<KV, HEAD_DIM_CAP, PADDED, ROWS>;
+  if constexpr (kSmem > 48 * 1024)  // opt in to more than the default 48 KiB of dynamic smem
+    DC_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
+  const dim3 grid(unsigned(row_blocks), unsigned(kv_heads), unsigned(p.num_splits));
+  kernel<<<grid, ROWS * kWarpSize, kSmem, ctx.stream()>>>(p);
+  DC_CUDA_CHECK_LAUNCH("attention_kernel");
+  finish_attention(ctx, p, kv_heads, stats, observed);
+}
+
+// One query (n == 1) through decode_attention_kernel (cuda/attention_decode.cuh): one block per
+// (KV head, split), splits for one full wave of resident blocks (the kernel keeps its loads in
+// flight in registers, so more waves only add tails).
+template <class KV, int HEAD_DIM, int G, int UNROLL = kDecodeUnroll<G>, int MIN_BLOCKS = kDecodeMinBlocks>
+void launch_decode_attention(const Context<cuda>& ctx, AttentionParams<KV> p, int kv_heads,
+                             AttentionStats stats) {
+  choose_splits(p, kv_heads, decode_blocks_per_sm<KV, HEAD_DIM, G, UNROLL, MIN_BLOCKS>() * ctx.sm_count());
+  const int observed = carve_attention_workspace(ctx, p, stats);
+  const dim3 grid(unsigned(kv_heads), unsigned(p.num_splits));
+  decode_attention_kernel<KV, HEAD_DIM, G, UNROLL, MIN_BLOCKS>
+      <<<grid, kDecodeWarps * kWarpSize, 0, ctx.stream()>>>(p);
+  DC_CUDA_CHECK_LAUNCH("decode_attention_kernel");
+  finish_attention(ctx, p, kv_heads, stats, observed);
+}
+
+// The launch parameters of one attention call (the split fields are the launcher's).
+template <class KV>
+AttentionParams<KV> attention_params(float* out, const float* q, const KV* k_cache, const KV* v_cache,
+                                     const std::int32_t* key_pos, int len, const std::int32_t* query_pos,
+                                     int n, const AttentionShape& s) {
+  AttentionParams<KV> p{};
+  p.out = out;
+  p.q = q;
+  p.k_cache = k_cache;
+  p.v_cache = v_cache;
+  p.key_pos = key_pos;
+  p.query_pos = query_pos;
+  p.len = len;
+  p.n = n;
+  p.num_heads = s.num_heads;
+  p.group = s.num_heads / s.num_kv_heads;
+  p.head_dim = s.head_dim;
+  p.window = s.window;
+  p.capacity = s.capacity;
+  p.scale = s.scale;
+  p.rows = n * p.group;
+  return p;
 }
 
 }  // namespace cuda_detail
@@ -564,22 +605,8 @@ void attention(const Context<cuda>& ctx, float* out, const float* q, const KV* k
   // Observed queries are t in [first_observed, n); none observed means no statistics work.
   stats.first_observed = stats.first_observed < 0 ? 0 : stats.first_observed;
   if (stats.first_observed >= n) stats.block = nullptr;
-  cuda_detail::AttentionParams<KV> p{};
-  p.out = out;
-  p.q = q;
-  p.k_cache = k_cache;
-  p.v_cache = v_cache;
-  p.key_pos = key_pos;
-  p.query_pos = query_pos;
-  p.len = len;
-  p.n = n;
-  p.num_heads = s.num_heads;
-  p.group = s.num_heads / s.num_kv_heads;
-  p.head_dim = s.head_dim;
-  p.window = s.window;
-  p.capacity = s.capacity;
-  p.scale = s.scale;
-  p.rows = n * p.group;
+  const cuda_detail::AttentionParams<KV> p =
+      cuda_detail::attention_params(out, q, k_cache, v_cache, key_pos, len, query_pos, n, s);
   const bool few_rows = p.rows <= 4;  // decode with small groups: 4 warps, else 8 per block
   // The exact-width variants load K/V tiles 16 bytes at a time; caches from Buffer<T, cuda> are
   // 256-byte aligned (and a tile of 32 rows of 64 or 128 elements starts 16-byte aligned), but a
@@ -590,6 +617,13 @@ void attention(const Context<cuda>& ctx, float* out, const float* q, const KV* k
   DC_DISPATCH_HEAD_DIM(s.head_dim, HEAD_DIM_CAP, PADDED, [&] {
     using namespace cuda_detail;
     const int kvh = s.num_kv_heads;
+    if constexpr (!PADDED) {  // one query: the register kernel, up to kDecodeMaxGroup heads
+      if (n == 1 && aligned && p.group <= kDecodeMaxGroup) {
+        if (p.group == 1) return launch_decode_attention<KV, HEAD_DIM_CAP, 1>(ctx, p, kvh, stats);
+        if (p.group <= 4) return launch_decode_attention<KV, HEAD_DIM_CAP, 4>(ctx, p, kvh, stats);
+        return launch_decode_attention<KV, HEAD_DIM_CAP, 8>(ctx, p, kvh, stats);
+      }
+    }
     if (!PADDED && !aligned) {
       if (few_rows) return launch_attention<KV, HEAD_DIM_CAP, true, 4>(ctx, p, kvh, stats);
       return launch_attention<KV, HEAD_DIM_CAP, true, 8>(ctx, p, kvh, stats);

@@ -32,6 +32,15 @@ __device__ __forceinline__ float warp_max(float v) {
 __device__ __forceinline__ float bf16_bits_to_float(std::uint32_t bits16) {
   return __uint_as_float(bits16 << 16);
 }
+// 8 bf16 in one 16-byte load as fp32: element 2i is the low half of 32-bit word i (little-endian).
+__device__ __forceinline__ void widen_bf16x8(const uint4 v, float (&f)[8]) {
+  const unsigned words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    f[2 * i] = __uint_as_float(words[i] << 16);
+    f[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
+  }
+}
 __device__ __forceinline__ float load_float(const float* p) { return *p; }
 __device__ __forceinline__ float load_float(const bf16* p) { return bf16_bits_to_float(p->bits); }
 

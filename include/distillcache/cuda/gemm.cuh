@@ -18,6 +18,7 @@
 // cuBLAS is column-major: a row-major [r, c] matrix is a column-major [c, r] one. So y^T[out, n] =
 // (w viewed as [in, out])^T * (x viewed as [in, n]): transa = T, transb = N, m = out, k = in.
 #include <cstdint>
+#include <initializer_list>
 #include <type_traits>
 
 #include <cublas_v2.h>
@@ -26,6 +27,7 @@
 
 #include "../core/config.hpp"
 #include "../core/dtype.hpp"
+#include "../core/matmul_output.hpp"
 #include "check.cuh"
 #include "common.cuh"
 #include "context.cuh"
@@ -86,12 +88,7 @@ __device__ __forceinline__ void widen(const WeightVector<W, VEC>& w, float (&v)[
   } else if constexpr (std::is_same_v<W, float>) {
     v[0] = w.raw.x, v[1] = w.raw.y, v[2] = w.raw.z, v[3] = w.raw.w;
   } else {
-    const unsigned words[4] = {w.raw.x, w.raw.y, w.raw.z, w.raw.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {  // little-endian: element 2i is the low half of word i
-      v[2 * i] = __uint_as_float(words[i] << 16);
-      v[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
-    }
+    widen_bf16x8(w.raw, v);
   }
 }
 
@@ -109,6 +106,21 @@ __device__ __forceinline__ void load_staged(const float* p, float (&v)[VEC]) {
   }
 }
 
+// One matrix of a GEMV launch: y[n, out] (+)= x[n, in] w[out, in]^T.
+template <class W>
+struct GemvTarget {
+  float* y;
+  const W* w;
+  int out;
+};
+inline constexpr int kGemvMaxTargets = 3;
+template <class W>
+struct GemvTargets {
+  GemvTarget<W> target[kGemvMaxTargets];
+  int block_end[kGemvMaxTargets];  // target t owns blocks [block_end[t-1], block_end[t])
+  int count;
+};
+
 // y[r, o] (+)= sum_k x[r, k] w[o, k] for N rows r, one warp per output feature o.
 //
 // Why this shape (decode is bound by reading w once): per k-tile the block stages the N
@@ -118,17 +130,28 @@ __device__ __forceinline__ void load_staged(const float* p, float (&v)[VEC]) {
 // at N <= 4) before it uses any, so each warp keeps 4 KB of weights in flight; with several
 // blocks per SM that covers HBM's latency. Each weight vector is applied to all N rows before
 // the next. Inactive warps (o >= out, the last block) still join the tile barriers.
+//
+// One launch may serve up to kGemvMaxTargets matrices that multiply the same x (Wq, Wk and Wv;
+// gate and up): the grid is their blocks one after another, and a block finds its matrix from
+// the targets' block ranges. Why: a decode step's small matrices cannot fill the GPU alone (Wk of
+// Mistral-7B, 1024 x 4096: 128 blocks for 132 SMs, 1.2 TB/s on an H200), and each launch pays
+// its ramp-up and tail.
 template <class W, int N, int VEC, int WARPS>
 __global__ void __launch_bounds__(WARPS * kWarpSize)
-    gemv_kernel(float* y, const float* DC_RESTRICT x, const W* DC_RESTRICT w, int in, int out,
-                bool accumulate) {
+    gemv_kernel(const GemvTargets<W> targets, const float* DC_RESTRICT x, int in, bool accumulate) {
   constexpr int kTile = kGemvTile<N>;
   constexpr int kLoads = kTile / (kWarpSize * VEC);  // weight loads per lane per tile
   static_assert(kLoads * kWarpSize * VEC == kTile, "a tile is whole loads of every lane");
   extern __shared__ float4 gemv_shared[];  // the activation tile [N, kTile]
   float* xs = reinterpret_cast<float*>(gemv_shared);
+  int t = 0;  // this block's matrix (block-uniform)
+  while (t + 1 < targets.count && int(blockIdx.x) >= targets.block_end[t]) ++t;
+  const int first_block = t == 0 ? 0 : targets.block_end[t - 1];
+  float* const y = targets.target[t].y;
+  const W* DC_RESTRICT const w = targets.target[t].w;
+  const int out = targets.target[t].out;
   const int lane = threadIdx.x % kWarpSize;
-  const int o = blockIdx.x * WARPS + int(threadIdx.x) / kWarpSize;
+  const int o = (int(blockIdx.x) - first_block) * WARPS + int(threadIdx.x) / kWarpSize;
   const bool active = o < out;  // warp-uniform
   const W* wr = w + std::int64_t(active ? o : 0) * in;
   float acc[N] = {};
@@ -180,34 +203,42 @@ __global__ void __launch_bounds__(WARPS * kWarpSize)
   }
 }
 
+// 16-byte loads need every row start 16-byte aligned: base pointers and the row length (whole
+// VEC-weight loads, and whole float4s of x's fp32 rows).
+template <class W>
+bool gemv_vectorisable(const float* x, const W* w, int in) {
+  return in % kGemvVec<W> == 0 && in % 4 == 0 && reinterpret_cast<std::uintptr_t>(w) % 16 == 0 &&
+         reinterpret_cast<std::uintptr_t>(x) % 16 == 0;
+}
+
 template <class W, int N>
-void launch_gemv(const Context<cuda>& ctx, float* y, const float* x, const W* w, int in, int out,
-                 bool accumulate) {
+void launch_gemv(const Context<cuda>& ctx, GemvTargets<W> targets, const float* x, int in, bool accumulate) {
   constexpr int kVec = kGemvVec<W>;
-  const unsigned blocks = static_cast<unsigned>(ceil_div(out, kGemvWarps));
+  bool vectorised = true;
+  int blocks = 0;
+  for (int t = 0; t < targets.count; ++t) {
+    blocks += int(ceil_div(targets.target[t].out, kGemvWarps));
+    targets.block_end[t] = blocks;
+    vectorised = vectorised && gemv_vectorisable(x, targets.target[t].w, in);
+  }
   const std::size_t shared = std::size_t(N) * kGemvTile<N> * sizeof(float);
-  // 16-byte loads need every row start 16-byte aligned: base pointers and the row length (whole
-  // VEC-weight loads, and whole float4s of x's fp32 rows).
-  const bool vectorised = in % kVec == 0 && in % 4 == 0 &&
-                          reinterpret_cast<std::uintptr_t>(w) % 16 == 0 &&
-                          reinterpret_cast<std::uintptr_t>(x) % 16 == 0;
   if (vectorised)
-    gemv_kernel<W, N, kVec, kGemvWarps><<<blocks, kGemvWarps * kWarpSize, shared, ctx.stream()>>>(
-        y, x, w, in, out, accumulate);
+    gemv_kernel<W, N, kVec, kGemvWarps><<<unsigned(blocks), kGemvWarps * kWarpSize, shared, ctx.stream()>>>(
+        targets, x, in, accumulate);
   else
-    gemv_kernel<W, N, 1, kGemvWarps><<<blocks, kGemvWarps * kWarpSize, shared, ctx.stream()>>>(
-        y, x, w, in, out, accumulate);
+    gemv_kernel<W, N, 1, kGemvWarps><<<unsigned(blocks), kGemvWarps * kWarpSize, shared, ctx.stream()>>>(
+        targets, x, in, accumulate);
   DC_CUDA_CHECK_LAUNCH("gemv_kernel");
 }
 
 // Dispatches n to the kernel instantiated for it: N = 1 .. gemv_max_rows<W>() (only those are
 // compiled).
 template <class W, int N = 1>
-void gemv(const Context<cuda>& ctx, float* y, const float* x, const W* w, int n, int in, int out,
+void gemv(const Context<cuda>& ctx, const GemvTargets<W>& targets, const float* x, int n, int in,
           bool accumulate) {
   if constexpr (N <= gemv_max_rows<W>()) {
-    if (n == N) return launch_gemv<W, N>(ctx, y, x, w, in, out, accumulate);
-    return gemv<W, N + 1>(ctx, y, x, w, n, in, out, accumulate);
+    if (n == N) return launch_gemv<W, N>(ctx, targets, x, in, accumulate);
+    return gemv<W, N + 1>(ctx, targets, x, n, in, accumulate);
   } else {
     DC_FAIL("gemv called with n = ", n, " rows (supported: 1..", gemv_max_rows<W>(), ")");
   }
@@ -236,8 +267,12 @@ void matmul(const Context<cuda>& ctx, float* y, const float* x, const W* w, int 
       DC_CUDA_CHECK(cudaMemsetAsync(y, 0, std::size_t(n) * out * sizeof(float), ctx.stream()));
     return;
   }
-  if (n <= cuda_detail::gemv_max_rows<W>())
-    return cuda_detail::gemv(ctx, y, x, w, n, in, out, accumulate);
+  if (n <= cuda_detail::gemv_max_rows<W>()) {
+    cuda_detail::GemvTargets<W> one{};
+    one.target[0] = {y, w, out};
+    one.count = 1;
+    return cuda_detail::gemv(ctx, one, x, n, in, accumulate);
+  }
 
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   if constexpr (std::is_same_v<W, float>) {
@@ -254,6 +289,26 @@ void matmul(const Context<cuda>& ctx, float* y, const float* x, const W* w, int 
                                  CUDA_R_16BF, in, xb, CUDA_R_16BF, in, &beta, y, CUDA_R_32F, out,
                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
+}
+
+// The products of several matrices with one input, y_t[n, out_t] = x[n, in] w_t[out_t, in]^T (the
+// attention block's q, k and v; the feed-forward's gate and up): where the GEMV serves n, one
+// launch for all of them (see gemv_kernel), else one matmul each. Same results as separate calls.
+template <class W>
+  requires(std::is_same_v<W, float> || std::is_same_v<W, bf16>)
+void matmul_shared_input(const Context<cuda>& ctx, const float* x, int n, int in,
+                         std::initializer_list<MatmulOutput<W>> outputs) {
+  DC_CHECK(outputs.size() <= std::size_t(cuda_detail::kGemvMaxTargets), "matmul_shared_input: at most ",
+           cuda_detail::kGemvMaxTargets, " outputs, got ", outputs.size());
+  if (n <= 0) return;
+  if (n <= cuda_detail::gemv_max_rows<W>() && in > 0) {
+    cuda_detail::GemvTargets<W> targets{};
+    for (const MatmulOutput<W>& o : outputs)
+      if (o.out > 0) targets.target[targets.count++] = {o.y, o.w, o.out};
+    if (targets.count > 0) cuda_detail::gemv(ctx, targets, x, n, in, /*accumulate=*/false);
+    return;
+  }
+  for (const MatmulOutput<W>& o : outputs) matmul(ctx, o.y, x, o.w, n, in, o.out);
 }
 
 }  // namespace dc

@@ -31,6 +31,7 @@
 #include "../cache/kv_cache.hpp"
 #include "../core/copy.hpp"
 #include "../core/finite.hpp"
+#include "../core/matmul_output.hpp"
 #include "../cpu/ops.hpp"
 #include "../math/attention_shape.hpp"
 #include "config.hpp"
@@ -300,9 +301,15 @@ class Transformer {
       // Attention block: x += Wo * attention(rope(Wq xn), rope(Wk xn), Wv xn) (Gemma: q and k
       // normed per head first, the block's output normed before the add).
       rmsnorm(ctx_, xn, x, L.attn_norm.data(), n, d, cfg_.rms_eps);
-      matmul(ctx_, q, xn, weight_operand(L.wq), n, d, qd);
-      matmul(ctx_, k, xn, weight_operand(L.wk), n, d, kvd);
-      matmul(ctx_, v, xn, weight_operand(L.wv), n, d, kvd);
+      if constexpr (std::is_same_v<B, cuda>) {  // one GEMV launch for the three in decode
+        matmul_shared_input(ctx_, xn, n, d,
+                            {MatmulOutput<W>{q, weight_operand(L.wq), qd}, MatmulOutput<W>{k, weight_operand(L.wk), kvd},
+                             MatmulOutput<W>{v, weight_operand(L.wv), kvd}});
+      } else {
+        matmul(ctx_, q, xn, weight_operand(L.wq), n, d, qd);
+        matmul(ctx_, k, xn, weight_operand(L.wk), n, d, kvd);
+        matmul(ctx_, v, xn, weight_operand(L.wv), n, d, kvd);
+      }
       if (cfg_.qk_norm) {  // rows [n, heads*head_dim] are n*heads contiguous head vectors
         rmsnorm(ctx_, q, q, L.q_norm.data(), n * cfg_.num_heads, cfg_.head_dim, cfg_.rms_eps);
         rmsnorm(ctx_, k, k, L.k_norm.data(), n * cfg_.num_kv_heads, cfg_.head_dim, cfg_.rms_eps);
@@ -338,8 +345,13 @@ class Transformer {
       residual_add(x, xn, att, L.wo, qd, L.attn_out_norm, n);
       // Feed-forward block: x += W_down (act(W_gate xn) * W_up xn), act silu or gelu_tanh.
       rmsnorm(ctx_, xn, x, L.ffn_norm.data(), n, d, cfg_.rms_eps);
-      matmul(ctx_, gate, xn, weight_operand(L.w_gate), n, d, ff);
-      matmul(ctx_, up, xn, weight_operand(L.w_up), n, d, ff);
+      if constexpr (std::is_same_v<B, cuda>) {
+        matmul_shared_input(ctx_, xn, n, d,
+                            {MatmulOutput<W>{gate, weight_operand(L.w_gate), ff}, MatmulOutput<W>{up, weight_operand(L.w_up), ff}});
+      } else {
+        matmul(ctx_, gate, xn, weight_operand(L.w_gate), n, d, ff);
+        matmul(ctx_, up, xn, weight_operand(L.w_up), n, d, ff);
+      }
       if (cfg_.activation == ModelConfig::Activation::gelu_tanh)
         geglu(ctx_, gate, up, std::int64_t(n) * ff);
       else
