@@ -275,10 +275,7 @@ __global__ void __launch_bounds__(ROWS * kWarpSize) attention_kernel(const Atten
         const float rescale = expf(m - m_new);  // 0 on the first visible tile (m = -inf)
         const float prob = visible ? expf(s - m_new) : 0.0f;
         if (observed) {
-          // Each earlier term e^(s-m) (s-m) becomes e^(s-m') (s-m') =
-          // rescale * (e^(s-m) (s-m) + e^(s-m) (m-m')). With m = -inf there are no earlier terms
-          // (l = w = 0), and (m - m') would make 0 * inf.
-          w = m == -INFINITY ? 0.0f : rescale * (w + (m - m_new) * l);
+          w = math::rebased_weighted_sum(w, l, m, m_new, rescale);
           if (visible) w = fmaf(prob, s - m_new, w);
         }
         l = l * rescale + prob;
@@ -379,9 +376,8 @@ __global__ void __launch_bounds__(kCombineThreads)
       const float2 ml = part_ml[part];
       const float scale = ml.x == -INFINITY ? 0.0f : expf(ml.x - total.max);
       split_weight[s] = scale * inv;
-      // Each split's weighted sum is relative to its own max m_s; moved to the total max M:
-      // e^(m_s - M) (w_s + (m_s - M) l_s).
-      if (stats_row && ml.x != -INFINITY) weighted += scale * (part_w[part] + (ml.x - total.max) * ml.y);
+      // Each split's weighted sum is relative to its own max m_s: moved to the total max.
+      if (stats_row) weighted += math::rebased_weighted_sum(part_w[part], ml.y, ml.x, total.max, scale);
     }
     if (stats_row) {
       weighted = warp_sum(weighted);

@@ -27,6 +27,7 @@
 #include <cuda_runtime.h>
 
 #include "../math/attention_rules.hpp"
+#include "../math/softmax.hpp"
 #include "attention_parts.cuh"
 #include "common.cuh"
 
@@ -62,8 +63,8 @@ __device__ __forceinline__ void widen(const float4 v, float (&f)[4]) {
 __device__ __forceinline__ void widen(const uint4 v, float (&f)[8]) { widen_bf16x8(v, f); }
 
 // Merges another key subset's state (m2, l2, w2, o2) of the same query head into (m, l, w, o):
-// both move to the larger max. w is relative to its own max, so it moves as
-// e^(m - M) (w + (m - M) l); an empty state (max -inf, nothing summed) contributes nothing.
+// both move to the larger max (w by math::rebased_weighted_sum); an empty state (max -inf,
+// nothing summed) contributes nothing.
 template <int VEC>
 __device__ __forceinline__ void merge_decode_state(float& m, float& l, float& w, float (&o)[VEC],
                                                    float m2, float l2, float w2,
@@ -72,7 +73,7 @@ __device__ __forceinline__ void merge_decode_state(float& m, float& l, float& w,
   if (M == -INFINITY) return;  // both empty
   const float a = m == -INFINITY ? 0.0f : expf(m - M);
   const float b = m2 == -INFINITY ? 0.0f : expf(m2 - M);
-  w = (m == -INFINITY ? 0.0f : a * (w + (m - M) * l)) + (m2 == -INFINITY ? 0.0f : b * (w2 + (m2 - M) * l2));
+  w = math::rebased_weighted_sum(w, l, m, M, a) + math::rebased_weighted_sum(w2, l2, m2, M, b);
   l = l * a + l2 * b;
 #pragma unroll
   for (int i = 0; i < VEC; ++i) o[i] = o[i] * a + o2[i] * b;
@@ -204,8 +205,7 @@ __global__ void __launch_bounds__(kDecodeWarps * kWarpSize, MIN_BLOCKS)
           sum += prob[g][u];
           if (observed && seen) weighted = fmaf(prob[g][u], s[g][u] - m_new, weighted);
         }
-        if (observed)  // earlier terms move to the new max, as in merge_decode_state
-          w[g] = (m[g] == -INFINITY ? 0.0f : rescale * (w[g] + (m[g] - m_new) * l[g])) + weighted;
+        if (observed) w[g] = math::rebased_weighted_sum(w[g], l[g], m[g], m_new, rescale) + weighted;
         l[g] = l[g] * rescale + sum;
         m[g] = m_new;
       }
@@ -266,7 +266,7 @@ __global__ void __launch_bounds__(kDecodeWarps * kWarpSize, MIN_BLOCKS)
         const float a = expf(st.x - M);
         L = fmaf(a, st.y, L);
         O = fmaf(a, merge_out[(wp * G + g) * HEAD_DIM + d], O);
-        if (observed) W = fmaf(a, st.z + (st.x - M) * st.y, W);
+        if (observed) W += math::rebased_weighted_sum(st.z, st.y, st.x, M, a);
       }
     }
     const int h = head0 + g;

@@ -253,6 +253,25 @@ __global__ void float_to_bf16_kernel(__nv_bfloat16* DC_RESTRICT dst, const float
     dst[i] = __float2bfloat16_rn(src[i]);  // round to nearest even, as dc::to_bf16
 }
 
+// x rounded to bf16 in the context's workspace (valid until the next workspace() call), the
+// cuBLAS path's input for bf16 weights.
+inline const __nv_bfloat16* bf16_activations(const Context<cuda>& ctx, const float* x, std::int64_t count) {
+  auto* xb = ctx.workspace_as<__nv_bfloat16>(std::size_t(count));
+  constexpr int kThreads = 256;
+  float_to_bf16_kernel<><<<grid_for(count, kThreads, 8 * ctx.sm_count()), kThreads, 0, ctx.stream()>>>(xb, x, count);
+  DC_CUDA_CHECK_LAUNCH("float_to_bf16_kernel");
+  return xb;
+}
+
+// y[n, out] (+)= xb[n, in] w[out, in]^T on the tensor cores, fp32 accumulation and output.
+inline void gemm_bf16(const Context<cuda>& ctx, float* y, const __nv_bfloat16* xb, const bf16* w, int n, int in,
+                      int out, bool accumulate) {
+  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  DC_CUBLAS_CHECK(cublasGemmEx(ctx.cublas(), CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &alpha, w, CUDA_R_16BF, in,
+                               xb, CUDA_R_16BF, in, &beta, y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F,
+                               CUBLAS_GEMM_DEFAULT));
+}
+
 }  // namespace cuda_detail
 
 // y[n, out] = x[n, in] * w[out, in]^T, or y += ... when accumulate (fuses the residual add).
@@ -274,26 +293,20 @@ void matmul(const Context<cuda>& ctx, float* y, const float* x, const W* w, int 
     return cuda_detail::gemv(ctx, one, x, n, in, accumulate);
   }
 
-  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   if constexpr (std::is_same_v<W, float>) {
+    const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
     DC_CUBLAS_CHECK(cublasSgemm(ctx.cublas(), CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &alpha, w, in,
                                 x, in, &beta, y, out));
   } else {
-    const std::int64_t count = std::int64_t(n) * in;
-    auto* xb = ctx.workspace_as<__nv_bfloat16>(std::size_t(count));
-    constexpr int kThreads = 256;
-    cuda_detail::float_to_bf16_kernel<><<<cuda_detail::grid_for(count, kThreads, 8 * ctx.sm_count()),
-                                        kThreads, 0, ctx.stream()>>>(xb, x, count);
-    DC_CUDA_CHECK_LAUNCH("float_to_bf16_kernel");
-    DC_CUBLAS_CHECK(cublasGemmEx(ctx.cublas(), CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &alpha, w,
-                                 CUDA_R_16BF, in, xb, CUDA_R_16BF, in, &beta, y, CUDA_R_32F, out,
-                                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    cuda_detail::gemm_bf16(ctx, y, cuda_detail::bf16_activations(ctx, x, std::int64_t(n) * in), w, n, in,
+                           out, accumulate);
   }
 }
 
 // The products of several matrices with one input, y_t[n, out_t] = x[n, in] w_t[out_t, in]^T (the
 // attention block's q, k and v; the feed-forward's gate and up): where the GEMV serves n, one
-// launch for all of them (see gemv_kernel), else one matmul each. Same results as separate calls.
+// launch for all of them (see gemv_kernel), else one cuBLAS call each (bf16 weights: x rounded to
+// bf16 once). Same results as separate calls.
 template <class W>
   requires(std::is_same_v<W, float> || std::is_same_v<W, bf16>)
 void matmul_shared_input(const Context<cuda>& ctx, const float* x, int n, int in,
@@ -301,14 +314,24 @@ void matmul_shared_input(const Context<cuda>& ctx, const float* x, int n, int in
   DC_CHECK(outputs.size() <= std::size_t(cuda_detail::kGemvMaxTargets), "matmul_shared_input: at most ",
            cuda_detail::kGemvMaxTargets, " outputs, got ", outputs.size());
   if (n <= 0) return;
-  if (n <= cuda_detail::gemv_max_rows<W>() && in > 0) {
+  if (in <= 0) {  // empty sums: matmul's zeros
+    for (const MatmulOutput<W>& o : outputs) matmul(ctx, o.y, x, o.w, n, in, o.out);
+    return;
+  }
+  if (n <= cuda_detail::gemv_max_rows<W>()) {
     cuda_detail::GemvTargets<W> targets{};
     for (const MatmulOutput<W>& o : outputs)
       if (o.out > 0) targets.target[targets.count++] = {o.y, o.w, o.out};
     if (targets.count > 0) cuda_detail::gemv(ctx, targets, x, n, in, /*accumulate=*/false);
     return;
   }
-  for (const MatmulOutput<W>& o : outputs) matmul(ctx, o.y, x, o.w, n, in, o.out);
+  if constexpr (std::is_same_v<W, bf16>) {  // x rounded to bf16 once for all of them
+    const __nv_bfloat16* xb = cuda_detail::bf16_activations(ctx, x, std::int64_t(n) * in);
+    for (const MatmulOutput<W>& o : outputs)
+      if (o.out > 0) cuda_detail::gemm_bf16(ctx, o.y, xb, o.w, n, in, o.out, /*accumulate=*/false);
+  } else {
+    for (const MatmulOutput<W>& o : outputs) matmul(ctx, o.y, x, o.w, n, in, o.out);
+  }
 }
 
 }  // namespace dc

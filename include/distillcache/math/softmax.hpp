@@ -41,4 +41,13 @@ struct OnlineSoftmax {
   DC_HD float log_sum_exp() const { return max + logf(sum); }
 };
 
+// The weighted sum w = sum_j e^(s_j - m) (s_j - m) that an attention row keeps for its entropy
+// (next to l = sum_j e^(s_j - m)), moved from its max m to a new max M >= m, given
+// rescale = e^(m - M): each term e^(s-m) (s-m) becomes e^(s-M) (s-M) = rescale (e^(s-m) (s-m) +
+// e^(s-m) (m-M)), so w becomes rescale (w + (m - M) l). A state with nothing in it (m = -inf,
+// l = w = 0) moves to 0 (the formula would give 0 * inf).
+DC_HD float rebased_weighted_sum(float w, float l, float m, float M, float rescale) {
+  return m == -INFINITY ? 0.0f : rescale * (w + (m - M) * l);
+}
+
 }  // namespace dc::math
