@@ -26,21 +26,40 @@ void decode_with_statistics(benchmark::State& state) {
                        state.range(2) ? dc::DType::bf16 : dc::DType::f32);
 }
 
-// The learned policy with the shipped policy's six inputs (the paper's five and last_alpha) and
-// the newest half of the budget kept, randomly initialised (its cost does not depend on the
-// weights), in three shapes. Arg `shape`: 1 two hidden layers of 32, SiLU (policy v2's shape),
-// 2 hidden layers of 16 and 8, ReLU (v3's, shipped), 3 one of 16, ReLU.
+// The learned policy, randomly initialised (its cost does not depend on the weights). Arg
+// `shape`: 1-3 the shipped policy's six inputs (the paper's five and last_alpha) with the newest
+// half of the budget kept: 1 two hidden layers of 32, SiLU (policy v2's shape), 2 hidden layers
+// of 16 and 8, ReLU (v3's), 3 one of 16, ReLU; 4-5 v3's network with budget_age as a seventh
+// input (learned recency): 4 no forced window (every row scored), 5 the newest quarter forced
+// (those rows skipped); 6 v3's on H2O's score base (log of the accumulated mass added to the
+// MLP's output: one more logarithm a row).
 dc::MlpPolicy& learned_policy(long shape) {
-  auto make = [](std::vector<int> hidden, dc::Activation activation) {
+  auto make = [](std::vector<int> hidden, dc::Activation activation, bool budget_age, float recent) {
     auto inputs = dc::paper_policy_inputs();
     inputs.push_back(dc::PolicyInput::last_alpha);
+    if (budget_age) inputs.push_back(dc::PolicyInput::budget_age);
     auto p = dc::MlpPolicy::initialised(inputs, std::move(hidden), 1, activation);
-    p.set_recent_fraction(0.5);
+    p.set_recent_fraction(recent);
     return p;
   };
-  static dc::MlpPolicy v2 = make({32, 32}, dc::Activation::silu), v3 = make({16, 8}, dc::Activation::relu),
-                       one = make({16}, dc::Activation::relu);
-  return shape == 1 ? v2 : shape == 2 ? v3 : one;
+  static dc::MlpPolicy v2 = make({32, 32}, dc::Activation::silu, false, 0.5f),
+                       v3 = make({16, 8}, dc::Activation::relu, false, 0.5f),
+                       one = make({16}, dc::Activation::relu, false, 0.5f),
+                       age = make({16, 8}, dc::Activation::relu, true, 0.0f),
+                       age_quarter = make({16, 8}, dc::Activation::relu, true, 0.25f),
+                       on_h2o = [&] {
+                         auto p = make({16, 8}, dc::Activation::relu, false, 0.5f);
+                         p.set_score_base(dc::ScoreBase::h2o);
+                         return p;
+                       }();
+  switch (shape) {
+    case 1: return v2;
+    case 2: return v3;
+    case 3: return one;
+    case 4: return age;
+    case 5: return age_quarter;
+    default: return on_h2o;
+  }
 }
 
 dc::EvictionPolicy& chosen_policy(long arg, dc::H2OPolicy& h2o) {
@@ -49,7 +68,7 @@ dc::EvictionPolicy& chosen_policy(long arg, dc::H2OPolicy& h2o) {
 
 // One eviction of a context down to 25 %: features, scores, top-B, compaction. Arg 1: the
 // granularity (0 shared, 1 layer, 2 head: one keep-set per (layer, KV head)); arg 2: the policy
-// (0 H2O, 1-3 the learned MLP policy in the shapes of learned_policy).
+// (0 H2O, 1-6 the learned MLP policy in the shapes of learned_policy).
 void evict_once(benchmark::State& state) {
   const int context = int(state.range(0)), budget = context / 4;
   const auto granularity = dc::Granularity(state.range(1));
@@ -77,8 +96,8 @@ void evict_once(benchmark::State& state) {
 // The eviction a decoder runs every `chunk` tokens at a 25 % budget: a cache of B + chunk slots
 // back to B, at head granularity (features, scores, top-B, compaction), B = 2048 (25 % of 8k)
 // and 512 (of 2k). Divided by the chunk it is the per-token cost to set against a decode step
-// at the same length (decode_with_statistics). Arg 0: B; arg 1: the policy (0 H2O, 1-3 the
-// learned MLP's shapes, whose recent window then covers half the rows); arg 2: the chunk
+// at the same length (decode_with_statistics). Arg 0: B; arg 1: the policy (0 H2O, 1-6 the
+// learned MLP's shapes of learned_policy); arg 2: the chunk
 // (examples/eval --chunk; by default B / 64, at least 16: 32 at B = 2048); arg 3: the cache's
 // K/V storage (0 fp32, 1 bf16: half the bytes the compaction moves).
 void evict_decode_chunk(benchmark::State& state) {
@@ -124,7 +143,7 @@ void evict_decode_chunk(benchmark::State& state) {
 }
 
 // Scoring alone (the policy's share of an eviction) on the features of a filled cache at head
-// granularity. Arg 0: context; arg 1: policy (0 H2O, 1-3 the learned MLP's shapes).
+// granularity. Arg 0: context; arg 1: policy (0 H2O, 1-6 the learned MLP's shapes).
 void score_only(benchmark::State& state) {
   const int context = int(state.range(0));
   auto& model = dc_bench::smollm2_model(1);
@@ -178,14 +197,17 @@ BENCHMARK(evict_once)
     ->ArgsProduct({{1024, 2048, 4096, 8191}, {0, 1, 2}, {0, 1}})
     ->Args({8191, 2, 2})
     ->Args({8191, 2, 3})
+    ->Args({8191, 2, 4})
+    ->Args({8191, 2, 5})
+    ->Args({8191, 2, 6})
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(evict_decode_chunk)
     ->ArgsProduct({{512, 2048}, {0, 1, 2, 3}, {16}, {0}})
-    ->ArgsProduct({{2048}, {0, 2}, {16, 32}, {1}})
+    ->ArgsProduct({{2048}, {0, 2, 4, 5, 6}, {16, 32}, {1}})
     ->Args({2048, 0, 32, 0})
     ->Args({2048, 2, 32, 0})
     ->Unit(benchmark::kMicrosecond);
-BENCHMARK(score_only)->ArgsProduct({{1024, 8191}, {0, 1, 2, 3}})->Unit(benchmark::kMicrosecond);
+BENCHMARK(score_only)->ArgsProduct({{1024, 8191}, {0, 1, 2, 3, 4, 5, 6}})->Unit(benchmark::kMicrosecond);
 BENCHMARK(decode_budget_vs_full)
     ->Args({0, 0})
     ->Args({1, 0})

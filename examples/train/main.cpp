@@ -59,6 +59,7 @@ int main(int argc, char** argv) {
   int validation_contexts = 4, validate_every = 20, checkpoint_every = 10, stop_after = 0,
       max_train_contexts = 100000, window = 32, batch = 32;
   double recent_fraction = 0.0;
+  std::string score_base_arg = "none";
   app.add_option("--model", model_path, "GGUF model file")->required();
   app.add_option("--text", text_path, "training corpus: a .txt file or a folder of them");
   app.add_option("--out", out_dir, "output folder: checkpoint.dcpolicy, best.dcpolicy, train_log.csv")->required();
@@ -105,6 +106,12 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember(kWeightDtypes));
   app.add_option("--recent-fraction", recent_fraction, "always keep the newest fraction of the budget "
                  "(as H2O keeps half); the MLP chooses the rest")->check(finite_number(0.0, 0.99));
+  app.add_option("--temperature", opt.temperature, "sampling temperature: keep-sets are Plackett-Luce "
+                 "samples of scores / T (below 1: closer to the greedy top-B deployed)")
+      ->check(finite_number(1e-6, 1e6));
+  app.add_option("--score-base", score_base_arg, "none: the score is the MLP's output; h2o: log(H2O's "
+                 "accumulated mass) + the MLP's output, starting from a zero output layer (H2O itself; "
+                 "needs --init-target none)")->check(CLI::IsMember({"none", "h2o"}));
   app.add_option("--batch", batch, "students decoded as one batch (speed and memory only; each holds "
                  "a KV cache of --context + --continuation tokens)")->check(integer_in(1, 4096));
   app.add_option("--compare", compare_arg, "before training, the validation KL of these policies too "
@@ -141,6 +148,10 @@ int main(int argc, char** argv) {
     }
     std::vector<dc::PolicyInput> inputs;
     for (const auto& s : split_list(inputs_arg)) inputs.push_back(dc::parse_policy_input(s));
+    const dc::ScoreBase score_base = dc::parse_score_base(score_base_arg);
+    DC_CHECK(score_base == dc::ScoreBase::none || init_target == "none" || !resume_path.empty(),
+             "--score-base ", score_base_arg, " starts from the base's own ranking (a zero output layer): "
+             "give --init-target none, not '", init_target, "'");
     // A warm-start target that names an unknown input or no number fails here, before any work.
     if (resume_path.empty() && init_target != "future" && init_target != "none")
       (void)dc::WarmStartTarget(init_target, inputs);
@@ -214,7 +225,11 @@ int main(int argc, char** argv) {
       dc::MlpPolicy policy = resume ? dc::MlpPolicy::from_checkpoint(*resume)
                                     : dc::MlpPolicy::initialised(inputs, hidden, opt.seed,
                                                                  dc::parse_activation(activation_arg), window);
-      if (!resume) policy.set_recent_fraction(recent_fraction);
+      if (!resume) {
+        policy.set_recent_fraction(recent_fraction);
+        policy.set_score_base(score_base);
+        if (score_base != dc::ScoreBase::none) policy.zero_output_layer();
+      }
       // The task contexts' continuations: the full-cache model's own answers.
       const auto stop = dc::answer_stop_tokens(tokenizer);
       auto answer_all = [&](const std::vector<dc::tasks::TaskPrompt>& prompts, const char* what) {

@@ -512,6 +512,11 @@ std::vector<BadInput> bad_inputs(const dc_test::TempDir& tmp) {
   add("MlpPolicy::set_recent_fraction", "fraction 1", [&] {
     dc::MlpPolicy::initialised(dc::paper_policy_inputs(), {4}, 1).set_recent_fraction(1.0);
   }, "mlp policy: recent_fraction 1 outside [0, 1)");
+  add("MlpPolicy::from_checkpoint", "unknown score base", [&] {
+    auto c = dc::MlpPolicy::initialised(dc::paper_policy_inputs(), {4}, 1).to_checkpoint();
+    c.extra["score_base"] = "snapkv";
+    (void)dc::MlpPolicy::from_checkpoint(c);
+  }, "unknown score base 'snapkv' (known: none, h2o)");
   add("policy_inputs", "budget_age at a budget of 0", [&] {
     dc::TokenFeatures f;
     const std::vector<dc::PolicyInput> age = {dc::PolicyInput::budget_age};

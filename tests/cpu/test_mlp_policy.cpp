@@ -10,7 +10,9 @@
 #include <vector>
 
 #include <distillcache/cpu/mlp.hpp>
+#include <distillcache/policy/baselines.hpp>
 #include <distillcache/policy/mlp_policy.hpp>
+#include <distillcache/policy/select.hpp>
 #include <distillcache/policy/policy_inputs.hpp>
 #include <distillcache/rl/reinforce.hpp>
 #include <distillcache/rl/warm_start_target.hpp>
@@ -555,4 +557,82 @@ TEST_CASE("h2o_score_from_inputs orders tokens as H2O's summed mass does") {
     const double want = std::log(double(mi) * (n - i)) - std::log(double(mj) * (n - j));
     CHECK(double(score(mi, i) - score(mj, j)) == doctest::Approx(want).epsilon(0.02).scale(1.0));
   }
+}
+
+namespace {
+
+// Two KV-head groups of 300 rows over positions [0, 300), every feature random and every
+// accumulated mass distinct (spaced far beyond log_poly's 2 ulps), so that H2O's ranking has no
+// ties to break.
+dc::TokenFeatures distinct_mass_features() {
+  dc::TokenFeatures f;
+  f.granularity = dc::Granularity::head;
+  f.latest_position = 299;
+  std::mt19937 rng(29);
+  std::uniform_real_distribution<float> unit(0.0f, 1.0f);
+  for (int g = 0; g < 2; ++g) {
+    std::vector<float> masses(300);
+    for (int i = 0; i < 300; ++i) masses[std::size_t(i)] = 0.01f * float(i + 1) * (g + 1);
+    std::shuffle(masses.begin(), masses.end(), rng);
+    const int begin = f.size;
+    for (int p = 0; p < 300; ++p) {
+      const float row[dc::kNumFeatures] = {unit(rng) * 0.01f, 0.5f + unit(rng), unit(rng) * 1e-4f,
+                                           unit(rng) * 5.0f, float(p) / 299.0f};
+      f.append_features(row);
+      f.group.push_back(g);
+      f.slot.push_back(p);
+      f.position.push_back(p);
+      f.accumulated_mass.push_back(masses[std::size_t(p)]);
+      f.last_query_mass.push_back(unit(rng) * 0.01f);
+      f.key_norm.push_back(1.0f);
+      f.expected_attention.push_back(0.0f);
+      ++f.size;
+    }
+    f.groups.push_back({0, 1, g, g + 1, begin, f.size});
+  }
+  f.validate();
+  return f;
+}
+
+}  // namespace
+
+TEST_CASE("an H2O score base: log(accumulated mass) + the MLP; a zero output layer keeps H2O's keep-sets") {
+  const dc::TokenFeatures f = distinct_mass_features();
+  auto policy = dc::MlpPolicy::initialised(dc::paper_policy_inputs(), {16, 8}, 4, dc::Activation::relu);
+  policy.set_score_base(dc::ScoreBase::h2o);
+  std::vector<float> scores(std::size_t(f.size)), expected(std::size_t(f.size));
+  {  // Random weights: the MLP's output plus the base, the same bits on the trainer's path.
+    const auto x = dc::policy_inputs(f, policy.inputs(), 100);
+    dc::mlp_forward(kCpu, policy.layout(), policy.params().data(), x.data(), f.size, expected.data(), nullptr);
+    for (int r = 0; r < f.size; ++r) expected[std::size_t(r)] += dc::math::h2o_base_score(f.accumulated_mass[std::size_t(r)]);
+    policy.score(f, 100, scores);
+    CHECK(std::memcmp(expected.data(), scores.data(), scores.size() * sizeof(float)) == 0);
+    std::vector<float> inputs, forward(std::size_t(f.size));
+    policy.forward(f, 100, inputs, forward);
+    CHECK(std::memcmp(expected.data(), forward.data(), forward.size() * sizeof(float)) == 0);
+    // The base is the log of the mass: two rows' base scores differ by the log of their ratio.
+    CHECK(double(dc::math::h2o_base_score(2.5f) - dc::math::h2o_base_score(0.01f)) ==
+          doctest::Approx(std::log(250.0)).epsilon(1e-6));
+    CHECK(std::isfinite(dc::math::h2o_base_score(0.0f)));  // no query saw the row: a floor, not -inf
+  }
+  // A zero output layer: H2O's keep-sets, recent half and all, at every budget.
+  policy.zero_output_layer();
+  policy.set_recent_fraction(0.5);
+  dc::H2OPolicy h2o(0.5);
+  std::vector<float> h2o_scores(std::size_t(f.size));
+  for (int budget : {1, 2, 37, 150, 299}) {
+    CAPTURE(budget);
+    policy.score(f, budget, scores);
+    h2o.score(f, budget, h2o_scores);
+    CHECK(dc::select_keep_groups(scores, f, budget) == dc::select_keep_groups(h2o_scores, f, budget));
+  }
+  // The base travels in the checkpoint; a file naming an unknown one, or not a name, is refused.
+  CHECK(dc::MlpPolicy::from_checkpoint(policy.to_checkpoint()).score_base() == dc::ScoreBase::h2o);
+  CHECK(dc::MlpPolicy::from_checkpoint(dc::MlpPolicy::initialised(dc::paper_policy_inputs(), {8}, 3)
+                                           .to_checkpoint()).score_base() == dc::ScoreBase::none);
+  auto c = policy.to_checkpoint();
+  c.extra["score_base"] = "snapkv";
+  CHECK_THROWS_WITH_AS(dc::MlpPolicy::from_checkpoint(c), doctest::Contains("unknown score base 'snapkv'"), dc::Error);
+  c.extra["score_base"] = 1;
+  CHECK_THROWS_WITH_AS(dc::MlpPolicy::from_checkpoint(c), doctest::Contains("'score_base' is not a string"), dc::Error);
 }

@@ -273,6 +273,11 @@ TEST_CASE("a recent window: the newest rows are kept without a choice and left o
   std::vector<float> grad(policy.params().size(), 0.0f);
   dc::accumulate_policy_gradient(policy, e, 1.0, 0.01, grad);
   CHECK(std::all_of(grad.begin(), grad.end(), [](float x) { return std::isfinite(x); }));
+  // A temperature near 0 samples the greedy top-B (the noise is negligible next to the scores).
+  dc::GumbelSelector cold(policy, 9, 0, 0, 1e-7f);
+  CHECK(cold.select(f, scores, budget, 0, 0) == dc::select_keep_groups(scores, f, budget));
+  CHECK(cold.records().at(0).temperature == 1e-7f);
+  CHECK_THROWS_WITH_AS(dc::GumbelSelector(policy, 9, 0, 0, 0.0f), doctest::Contains("temperature 0"), dc::Error);
   CHECK(std::any_of(grad.begin(), grad.end(), [](float x) { return x != 0.0f; }));
 
   // The window travels in the checkpoint; an impossible fraction is refused.
@@ -483,4 +488,57 @@ TEST_CASE("the trainer takes contexts of different prompt and continuation lengt
   const std::vector<std::int32_t> too_long(std::size_t(m.config.max_position), 5);
   CHECK_THROWS_WITH_AS(Trainer(model, policy, opt, std::vector<dc::TrainingContext>{{too_long, {4, 5}}}),
                        doctest::Contains("more than the model's context"), dc::Error);
+}
+
+TEST_CASE("the policy gradient through an H2O score base and a temperature matches central finite differences of log p") {
+  // Two groups of 40 rows, random inputs and accumulated masses (the base spreads the scores over
+  // several nats, so a gradient taken at the MLP's scores without it would be far off), 10 picks
+  // each, sampled by Gumbel-top-k from the full scores over the temperature 0.5 as the trainer
+  // samples them.
+  const int rows = 80, picks = 10;
+  auto policy = dc::MlpPolicy::initialised(dc::paper_policy_inputs(), {16, 8}, 6, dc::Activation::tanh);
+  policy.set_score_base(dc::ScoreBase::h2o);
+  std::mt19937 rng(8);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_real_distribution<float> unit(0.0f, 1.0f);
+  dc::SampledEviction e;
+  e.temperature = 0.5f;
+  for (int i = 0; i < rows * 5; ++i) e.inputs.push_back(normal(rng));
+  for (int i = 0; i < rows; ++i) e.accumulated_mass.push_back(std::exp(6.0f * unit(rng) - 3.0f));
+  e.group_offsets = {0, 40, rows};
+  std::vector<std::int32_t> positions(rows);
+  std::iota(positions.begin(), positions.end(), 0);
+  auto scores_at = [&](const std::vector<float>& params) {
+    std::vector<float> s(rows);
+    dc::mlp_forward(dc::Context<dc::cpu>{}, policy.layout(), params.data(), e.inputs.data(), rows, s.data(), nullptr);
+    dc::add_score_base(dc::ScoreBase::h2o, e.accumulated_mass.data(), rows, s.data());
+    for (float& x : s) x /= e.temperature;
+    return s;
+  };
+  const std::vector<float> params(policy.params().begin(), policy.params().end());
+  e.picks = dc::topk_groups(dc::Context<dc::cpu>{}, scores_at(params), positions, e.group_offsets, picks,
+                            dc::GumbelNoise{4, 1});
+  auto log_p = [&](const std::vector<float>& p) {
+    const auto s = scores_at(p);
+    const std::vector<double> sd(s.begin(), s.end());
+    return dc::plackett_luce_log_prob_groups(std::span<const double>(sd), e.group_offsets, e.picks);
+  };
+  std::vector<float> grad(params.size(), 0.0f);
+  dc::accumulate_policy_gradient(policy, e, -1.0, 0.0, grad);  // loss = +log p: grad = d log p
+  const float h = 1e-2f;
+  int checked = 0;
+  for (std::size_t i = 0; i < params.size(); i += 7) {
+    std::vector<float> up = params, down = params;
+    up[i] += h;
+    down[i] -= h;
+    const double numeric = (log_p(up) - log_p(down)) / (double(up[i]) - double(down[i]));
+    CAPTURE(i);
+    CHECK(double(grad[i]) == doctest::Approx(numeric).epsilon(1e-2).scale(1e-2));
+    ++checked;
+  }
+  CHECK(checked > 20);
+  // Without the recorded masses the gradient cannot be taken, and says so.
+  e.accumulated_mass.pop_back();
+  CHECK_THROWS_WITH_AS(dc::accumulate_policy_gradient(policy, e, 1.0, 0.0, grad),
+                       doctest::Contains("masses for 80 rows"), dc::Error);
 }

@@ -106,4 +106,14 @@ DC_HD float h2o_score_from_inputs(float alpha_input, float position_input) {
   return alpha_input + log_poly(unseen > kPolicyInputEps ? unseen : kPolicyInputEps);
 }
 
+// The learned policy's H2O base score (MlpPolicy's ScoreBase::h2o): log of the attention mass a
+// row accumulated, H2O's own score, so that the MLP's output is a correction in nats to H2O's
+// ranking and a policy whose output layer is zero ranks exactly as H2O (as far as log_poly's 2
+// ulps keep masses a few ulps apart in order). Masses below 1e-30 (no query saw the row) read as
+// 1e-30: finite, and tied with each other as H2O's zeros are.
+DC_HD_INLINE float h2o_base_score(float accumulated_mass) {
+  constexpr float kFloor = 1e-30f;
+  return log_poly(accumulated_mass > kFloor ? accumulated_mass : kFloor);
+}
+
 }  // namespace dc::math

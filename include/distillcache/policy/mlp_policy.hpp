@@ -9,11 +9,17 @@
 // structural prior rather than a learned one: H2O's recency window is measured in units of the
 // budget, which the scale-free inputs do not see.
 //
+// score_base (none by default; policy/mlp_scoring.hpp): h2o makes the score log(H2O's
+// accumulated mass) + the MLP's output, a learned correction to H2O's ranking
+// (zero_output_layer() then gives H2O itself as the starting point of training).
+//
 // layer_budget_weights (none by default): how the budget is shared among layers
 // (math/layer_budgets.hpp), e.g. from what evicting each layer alone costs on training text
 // (eval/layer_sensitivity.hpp; no command writes them yet). Kept in the checkpoint's "extra"
 // object, so older files load unchanged.
+#include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <random>
 #include <span>
@@ -88,6 +94,10 @@ class MlpPolicy final : public EvictionPolicy {
       }
       policy.set_layer_budget_weights(std::move(weights));
     }
+    if (c.extra.contains("score_base")) {
+      DC_CHECK(c.extra["score_base"].is_string(), "policy checkpoint: 'score_base' is not a string");
+      policy.set_score_base(parse_score_base(c.extra["score_base"].get<std::string>()));
+    }
     if (c.extra.contains("recent_fraction")) {
       DC_CHECK(c.extra["recent_fraction"].is_number(),
                "policy checkpoint: 'recent_fraction' is not a number");
@@ -105,6 +115,7 @@ class MlpPolicy final : public EvictionPolicy {
     c.weights = params_;
     c.extra["observation_window"] = window_;
     if (recent_fraction_ > 0.0) c.extra["recent_fraction"] = recent_fraction_;
+    if (score_base_ != ScoreBase::none) c.extra["score_base"] = score_base_name(score_base_);
     if (!layer_weights_.empty()) c.extra["layer_budget_weights"] = layer_weights_;
     return c;
   }
@@ -125,6 +136,19 @@ class MlpPolicy final : public EvictionPolicy {
   // The newest positions always kept at a budget of `budget` slots per group.
   int recent_tokens(int budget) const { return int(recent_fraction_ * double(budget)); }
 
+  ScoreBase score_base() const { return score_base_; }
+  void set_score_base(ScoreBase base) { score_base_ = base; }
+
+  // Zeroes the output layer's weights and bias: every row's MLP output is then 0, so with a
+  // score base the policy ranks by the base alone (H2O's ranking for ScoreBase::h2o). The hidden
+  // layers keep their random weights: the first update's gradient reaches the output layer
+  // only, and the layers below once it is nonzero.
+  void zero_output_layer() {
+    const int last = layout_.layers() - 1;
+    const auto begin = params_.begin() + std::ptrdiff_t(layout_.weight_offset(last));
+    std::fill(begin, params_.end(), 0.0f);
+  }
+
   std::string name() const override { return name_; }
   int observation_window() const override { return window_; }
 
@@ -139,12 +163,13 @@ class MlpPolicy final : public EvictionPolicy {
                float* saved = nullptr) const {
     inputs = policy_inputs(f, inputs_, budget);
     mlp_forward(Context<cpu>{}, layout_, params_.data(), inputs.data(), f.size, scores.data(), saved);
+    add_score_base(score_base_, f.accumulated_mass.data(), f.size, scores.data());
   }
 
  protected:
   void score_slots(const TokenFeatures& f, int budget, std::span<float> scores) override {
     // forward's bits, the recent window +inf (not scored at all where a tile is all recent)
-    mlp_policy_scores(f, inputs_, budget, layout_, params_.data(), scores, recent_tokens(budget));
+    mlp_policy_scores(f, inputs_, budget, layout_, params_.data(), scores, recent_tokens(budget), score_base_);
   }
 
  private:
@@ -153,6 +178,7 @@ class MlpPolicy final : public EvictionPolicy {
   std::vector<float> params_;
   int window_;
   double recent_fraction_ = 0.0;
+  ScoreBase score_base_ = ScoreBase::none;
   std::vector<double> layer_weights_;
   std::string name_;
 };

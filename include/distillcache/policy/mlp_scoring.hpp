@@ -18,18 +18,45 @@
 #include <cmath>
 #include <cstdint>
 #include <span>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "../core/backend.hpp"
 #include "../cpu/mlp.hpp"
 #include "../cpu/parallel.hpp"
+#include "../math/policy_inputs.hpp"
 #include "policy_inputs.hpp"
 
 namespace dc {
 
+// What the MLP's output is added to (MlpPolicy::set_score_base). none: the score is the MLP's
+// output. h2o: log of H2O's accumulated mass plus the MLP's output (math::h2o_base_score), a
+// residual on H2O's ranking: with a zero output layer the policy is H2O, so training starts from
+// the best heuristic exactly instead of from an imperfect fit of it, and every REINFORCE step
+// changes H2O's choices only where the rollouts said so.
+enum class ScoreBase : int { none = 0, h2o };
+
+inline const char* score_base_name(ScoreBase b) { return b == ScoreBase::h2o ? "h2o" : "none"; }
+
+inline ScoreBase parse_score_base(std::string_view name) {
+  if (name == "none") return ScoreBase::none;
+  if (name == "h2o") return ScoreBase::h2o;
+  DC_FAIL("unknown score base '", std::string(name), "' (known: none, h2o)");
+}
+
+// scores[i] += the base score of row row0 + i, i < rows (nothing for ScoreBase::none). The same
+// float addition after the MLP on every path (inference, trainer, policy gradient), so their
+// scores stay the same bits.
+inline void add_score_base(ScoreBase base, const float* DC_RESTRICT accumulated_mass, int rows,
+                           float* DC_RESTRICT scores) {
+  if (base == ScoreBase::none) return;
+  for (int i = 0; i < rows; ++i) scores[i] += math::h2o_base_score(accumulated_mass[i]);
+}
+
 inline void mlp_policy_scores(const TokenFeatures& f, std::span<const PolicyInput> inputs, int budget,
                               const MlpLayout& layout, const float* params, std::span<float> scores,
-                              int recent = 0) {
+                              int recent = 0, ScoreBase base = ScoreBase::none) {
   DC_CHECK(layout.inputs == int(inputs.size()), "mlp_policy_scores: the MLP takes ", layout.inputs,
            " inputs, ", inputs.size(), " asked for");
   DC_CHECK(scores.size() >= std::size_t(f.size), "mlp_policy_scores: ", scores.size(),
@@ -70,6 +97,7 @@ inline void mlp_policy_scores(const TokenFeatures& f, std::span<const PolicyInpu
         std::fill(column + rows, column + T, 0.0f);  // as mlp_tile_forward pads a short tile
       }
       cpu_detail::mlp_tile_layers(layout, params, row0, rows, scores.data(), nullptr, a.data(), z.data());
+      add_score_base(base, f.accumulated_mass.data() + row0, rows, scores.data() + row0);
       if (in_window > 0)
         for (int r = 0; r < rows; ++r)
           if (position[r] > f.latest_position - recent) scores[std::size_t(row0 + r)] = INFINITY;

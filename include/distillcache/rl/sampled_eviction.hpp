@@ -2,7 +2,7 @@
 // Sampled evictions for training: a KeepSetSelector (policy/select.hpp) that draws each group's
 // keep-set as an ordered Plackett-Luce sample by Gumbel-top-k, instead of the deterministic
 // top-B of inference, and records what the policy-gradient step needs to score the sample again
-// (the inputs, the groups, the picks in order).
+// (the inputs, the accumulated mass a score base reads, the groups, the picks in order).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -23,6 +23,8 @@ namespace dc {
 // of this record).
 struct SampledEviction {
   std::vector<float> inputs;
+  std::vector<float> accumulated_mass;  // of the same rows: what a score base reads (ScoreBase)
+  float temperature = 1.0f;             // the picks are a Plackett-Luce sample of scores / temperature
   std::vector<std::int32_t> group_offsets;
   GroupSamples picks;
   int rows() const { return group_offsets.empty() ? 0 : group_offsets.back(); }
@@ -47,10 +49,16 @@ inline std::vector<std::int32_t> group_offsets_of(const TokenFeatures& f) {
 // explored groups and greedy elsewhere, which is closer to the greedy policy deployed.
 class GumbelSelector final : public KeepSetSelector {
  public:
+  // temperature: the sample is of scores / temperature (Gumbel noise of scale temperature on the
+  // scores): below 1 it stays closer to the greedy top-B deployed, swapping rows near each
+  // group's boundary rather than across the whole ranking.
   GumbelSelector(const MlpPolicy& policy, std::uint64_t seed, std::uint64_t stream_base,
-                 int explore_groups = 0)
-      : policy_(policy), seed_(seed), stream_base_(stream_base), explore_groups_(explore_groups) {
+                 int explore_groups = 0, float temperature = 1.0f)
+      : policy_(policy), seed_(seed), stream_base_(stream_base), explore_groups_(explore_groups),
+        temperature_(temperature) {
     DC_CHECK(explore_groups >= 0, "sampled eviction: negative explore_groups ", explore_groups);
+    DC_CHECK(std::isfinite(temperature) && temperature > 0.0f, "sampled eviction: temperature ",
+             temperature, " must be finite and > 0");
   }
 
   // Rows the policy scored +inf (MlpPolicy's recent window) are kept without a choice: the
@@ -64,6 +72,7 @@ class GumbelSelector final : public KeepSetSelector {
     std::vector<std::int32_t> candidates, forced;  // global rows, group by group
     std::vector<std::int32_t> forced_offsets(1, 0);
     SampledEviction e;
+    e.temperature = temperature_;
     e.group_offsets.assign(1, 0);
     int forced_per_group = -1;
     for (const FeatureGroup& g : f.groups) {
@@ -84,7 +93,8 @@ class GumbelSelector final : public KeepSetSelector {
     for (std::int32_t r : candidates) {
       e.inputs.insert(e.inputs.end(), all_inputs.begin() + std::ptrdiff_t(std::size_t(r) * k),
                       all_inputs.begin() + std::ptrdiff_t(std::size_t(r + 1) * k));
-      candidate_scores.push_back(scores[std::size_t(r)]);
+      e.accumulated_mass.push_back(f.accumulated_mass[std::size_t(r)]);
+      candidate_scores.push_back(scores[std::size_t(r)] / temperature_);
       candidate_positions.push_back(f.position[std::size_t(r)]);
     }
 
@@ -125,6 +135,7 @@ class GumbelSelector final : public KeepSetSelector {
   const MlpPolicy& policy_;
   std::uint64_t seed_, stream_base_;
   int explore_groups_;
+  float temperature_;
   std::vector<SampledEviction> records_;
 };
 

@@ -60,6 +60,7 @@ struct TrainerOptions {
   float max_grad_norm = 1.0f;    // global-norm clipping
   bool standardise_advantages = true;
   int explore_groups = 8;        // groups sampled per eviction (0 = all; rl/sampled_eviction.hpp)
+  float temperature = 1.0f;      // keep-sets are Plackett-Luce samples of scores / temperature
   std::uint64_t seed = 1;
 
   void validate() const {
@@ -78,6 +79,8 @@ struct TrainerOptions {
              entropy_bonus, " must be finite and >= 0");
     DC_CHECK(std::isfinite(max_grad_norm) && max_grad_norm > 0.0f, "trainer: max gradient norm ",
              max_grad_norm, " must be finite and > 0");
+    DC_CHECK(std::isfinite(temperature) && temperature > 0.0f, "trainer: sampling temperature ",
+             temperature, " must be finite and > 0");
   }
 
   nlohmann::json to_json() const {
@@ -87,7 +90,7 @@ struct TrainerOptions {
             {"updates", updates}, {"contexts_per_update", contexts_per_update}, {"lr", lr},
             {"lr_floor", lr_floor}, {"warmup", warmup}, {"entropy_bonus", entropy_bonus},
             {"max_grad_norm", max_grad_norm}, {"standardise_advantages", standardise_advantages},
-            {"explore_groups", explore_groups}, {"seed", seed}};
+            {"explore_groups", explore_groups}, {"temperature", temperature}, {"seed", seed}};
   }
   static TrainerOptions from_json(const nlohmann::json& j) {
     DC_CHECK(j.is_object(), "trainer options: not a JSON object");
@@ -111,6 +114,7 @@ struct TrainerOptions {
       o.max_grad_norm = j.at("max_grad_norm").get<float>();
       o.standardise_advantages = j.at("standardise_advantages").get<bool>();
       o.explore_groups = j.at("explore_groups").get<int>();
+      o.temperature = j.value("temperature", 1.0f);  // absent in checkpoints written before it
       o.seed = j.at("seed").get<std::uint64_t>();
     } catch (const nlohmann::json::exception& e) {
       DC_FAIL("trainer options: ", e.what());
@@ -466,7 +470,8 @@ class ReinforceTrainer {
         decoders.push_back(std::make_unique<EvictingDecoder<B, W>>(
             model_, policy_, budget_of(opt_.budgets[b]), opt_.mode, int(prompt_tokens), steps,
             opt_.granularity));
-        selectors.push_back(std::make_unique<GumbelSelector>(policy_, opt_.seed, stream, opt_.explore_groups));
+        selectors.push_back(std::make_unique<GumbelSelector>(policy_, opt_.seed, stream, opt_.explore_groups,
+                                                             opt_.temperature));
         decoders.back()->set_selector(selectors.back().get());
         decoders.back()->adopt_prefill(teacher.prefilled, teacher.prompt_logits);
         batch.push_back(decoders.back().get());
