@@ -32,7 +32,9 @@ void decode_with_statistics(benchmark::State& state) {
 // of 16 and 8, ReLU (v3's), 3 one of 16, ReLU; 4-5 v3's network with budget_age as a seventh
 // input (learned recency): 4 no forced window (every row scored), 5 the newest quarter forced
 // (those rows skipped); 6 v3's on H2O's score base (log of the accumulated mass added to the
-// MLP's output: one more logarithm a row).
+// MLP's output: one more logarithm a row); 7 a linear correction of H2O's score base
+// (policy/linear_correction.hpp) in the smallest network that carries it, one hidden layer of
+// 2 ReLU units, newest half kept, policy v4's weights (train --search-rounds).
 dc::MlpPolicy& learned_policy(long shape) {
   auto make = [](std::vector<int> hidden, dc::Activation activation, bool budget_age, float recent) {
     auto inputs = dc::paper_policy_inputs();
@@ -51,6 +53,16 @@ dc::MlpPolicy& learned_policy(long shape) {
                          auto p = make({16, 8}, dc::Activation::relu, false, 0.5f);
                          p.set_score_base(dc::ScoreBase::h2o);
                          return p;
+                       }(),
+                       linear = [&] {
+                         auto p = make({2}, dc::Activation::relu, false, 0.5f);
+                         p.set_score_base(dc::ScoreBase::h2o);
+                         // v4's weights (bench/results/policies/smollm2-v4-linear-search.dcpolicy):
+                         // three inputs read, the other three never built.
+                         const std::vector<float> w = {0.0f, 2.5f, 1.25f, 0.0f, 0.0f, 0.5f};
+                         const auto params = dc::linear_correction_params(p.layout(), w);
+                         std::copy(params.begin(), params.end(), p.params().begin());
+                         return p;
                        }();
   switch (shape) {
     case 1: return v2;
@@ -58,7 +70,8 @@ dc::MlpPolicy& learned_policy(long shape) {
     case 3: return one;
     case 4: return age;
     case 5: return age_quarter;
-    default: return on_h2o;
+    case 6: return on_h2o;
+    default: return linear;
   }
 }
 
@@ -68,7 +81,7 @@ dc::EvictionPolicy& chosen_policy(long arg, dc::H2OPolicy& h2o) {
 
 // One eviction of a context down to 25 %: features, scores, top-B, compaction. Arg 1: the
 // granularity (0 shared, 1 layer, 2 head: one keep-set per (layer, KV head)); arg 2: the policy
-// (0 H2O, 1-6 the learned MLP policy in the shapes of learned_policy).
+// (0 H2O, 1-7 the learned MLP policy in the shapes of learned_policy).
 void evict_once(benchmark::State& state) {
   const int context = int(state.range(0)), budget = context / 4;
   const auto granularity = dc::Granularity(state.range(1));
@@ -96,7 +109,7 @@ void evict_once(benchmark::State& state) {
 // The eviction a decoder runs every `chunk` tokens at a 25 % budget: a cache of B + chunk slots
 // back to B, at head granularity (features, scores, top-B, compaction), B = 2048 (25 % of 8k)
 // and 512 (of 2k). Divided by the chunk it is the per-token cost to set against a decode step
-// at the same length (decode_with_statistics). Arg 0: B; arg 1: the policy (0 H2O, 1-6 the
+// at the same length (decode_with_statistics). Arg 0: B; arg 1: the policy (0 H2O, 1-7 the
 // learned MLP's shapes of learned_policy); arg 2: the chunk
 // (examples/eval --chunk; by default B / 64, at least 16: 32 at B = 2048); arg 3: the cache's
 // K/V storage (0 fp32, 1 bf16: half the bytes the compaction moves).
@@ -143,7 +156,7 @@ void evict_decode_chunk(benchmark::State& state) {
 }
 
 // Scoring alone (the policy's share of an eviction) on the features of a filled cache at head
-// granularity. Arg 0: context; arg 1: policy (0 H2O, 1-6 the learned MLP's shapes).
+// granularity. Arg 0: context; arg 1: policy (0 H2O, 1-7 the learned MLP's shapes).
 void score_only(benchmark::State& state) {
   const int context = int(state.range(0));
   auto& model = dc_bench::smollm2_model(1);
@@ -200,14 +213,15 @@ BENCHMARK(evict_once)
     ->Args({8191, 2, 4})
     ->Args({8191, 2, 5})
     ->Args({8191, 2, 6})
+    ->Args({8191, 2, 7})
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(evict_decode_chunk)
     ->ArgsProduct({{512, 2048}, {0, 1, 2, 3}, {16}, {0}})
-    ->ArgsProduct({{2048}, {0, 2, 4, 5, 6}, {16, 32}, {1}})
+    ->ArgsProduct({{2048}, {0, 2, 4, 5, 6, 7}, {16, 32}, {1}})
     ->Args({2048, 0, 32, 0})
     ->Args({2048, 2, 32, 0})
     ->Unit(benchmark::kMicrosecond);
-BENCHMARK(score_only)->ArgsProduct({{1024, 8191}, {0, 1, 2, 3, 4, 5, 6}})->Unit(benchmark::kMicrosecond);
+BENCHMARK(score_only)->ArgsProduct({{1024, 8191}, {0, 1, 2, 3, 4, 5, 6, 7}})->Unit(benchmark::kMicrosecond);
 BENCHMARK(decode_budget_vs_full)
     ->Args({0, 0})
     ->Args({1, 0})

@@ -8,6 +8,11 @@
 // training state is saved atomically (OUT/checkpoint.dcpolicy), which --resume continues bit
 // for bit. A CSV log of every update goes to OUT/train_log.csv.
 //
+// --search-rounds N trains no MLP by REINFORCE: the score is the score base plus a linear
+// correction w . inputs, and w is found by compass search on the greedy keep-sets' KL over
+// --search-contexts training windows (linear_search.hpp); OUT/search.dcpolicy is the result,
+// OUT/search_log.csv one line per round, and best.dcpolicy is replaced when it validates better.
+//
 // --tasks adds RULER-style task samples (rl/task_contexts.hpp) to the text windows, one task
 // context after each text window while they last: the query-aware prompt and the full-cache
 // model's own answer as the continuation, built with --task-seed (examples/eval's task prompts
@@ -29,6 +34,7 @@
 
 #include "../common/cli.hpp"
 #include "../common/weights.hpp"
+#include "linear_search.hpp"
 
 namespace {
 
@@ -55,6 +61,8 @@ int main(int argc, char** argv) {
   std::string compare_arg, tasks_arg, task_haystack, task_words = dc::tasks::WordList::kDefaultPath;
   int task_samples = 8, task_validation = 1, task_length = 1024;
   bool task_solved_only = false;
+  int search_rounds = 0;
+  dc_examples::LinearSearchSettings search;
   std::uint64_t task_seed = 1;
   int validation_contexts = 4, validate_every = 20, checkpoint_every = 10, stop_after = 0,
       max_train_contexts = 100000, window = 32, batch = 32;
@@ -109,6 +117,24 @@ int main(int argc, char** argv) {
   app.add_option("--temperature", opt.temperature, "sampling temperature: keep-sets are Plackett-Luce "
                  "samples of scores / T (below 1: closer to the greedy top-B deployed)")
       ->check(finite_number(1e-6, 1e6));
+  app.add_flag("--shared-exploration", opt.shared_exploration, "the rollouts of a (context, budget) "
+               "explore the same groups (with --explore-groups), so that their baseline compares like with like");
+  app.add_flag("!--raw-advantages", opt.standardise_advantages, "do not divide each (context, budget)'s "
+               "advantages by its returns' standard deviation");
+  app.add_option("--search-rounds", search_rounds, "instead of REINFORCE: the score is a linear correction "
+                 "of the score base (w . inputs, carried by the ReLU MLP), w found by compass search on the "
+                 "greedy keep-sets' KL over --search-contexts training windows, at most this many rounds")
+      ->check(integer_in(0, 1000));
+  app.add_option("--search-contexts", search.contexts, "--search-rounds: training windows the objective averages over")
+      ->check(integer_in(1, 4096));
+  app.add_option("--search-step", search.search.step, "--search-rounds: first step along each weight")
+      ->check(finite_number(1e-6, 100.0));
+  app.add_option("--search-min-step", search.search.min_step, "--search-rounds: stop below this step")
+      ->check(finite_number(1e-6, 100.0));
+  app.add_option("--search-max-step", search.search.max_step, "--search-rounds: the step doubles after each "
+                 "move, up to this (0: the first step)")->check(finite_number(0.0, 100.0));
+  app.add_option("--search-min-improvement", search.search.min_improvement, "--search-rounds: relative "
+                 "decrease of the objective a move needs")->check(finite_number(0.0, 0.5));
   app.add_option("--score-base", score_base_arg, "none: the score is the MLP's output; h2o: log(H2O's "
                  "accumulated mass) + the MLP's output, starting from a zero output layer (H2O itself; "
                  "needs --init-target none)")->check(CLI::IsMember({"none", "h2o"}));
@@ -156,6 +182,12 @@ int main(int argc, char** argv) {
     if (resume_path.empty() && init_target != "future" && init_target != "none")
       (void)dc::WarmStartTarget(init_target, inputs);
 
+    if (search_rounds > 0) {
+      DC_CHECK(resume_path.empty() && init_target == "none", "--search-rounds searches from the score base "
+               "alone: give --init-target none and no --resume");
+      dc::check_linear_layout(dc::MlpLayout(int(inputs.size()), hidden, dc::parse_activation(activation_arg)));
+      search.search.validate();
+    }
     std::optional<dc::PolicyCheckpoint> resume;
     if (!resume_path.empty()) {
       resume = dc::load_policy_checkpoint(resume_path);
@@ -265,6 +297,7 @@ int main(int argc, char** argv) {
         if (resume->trainer.contains("best_validation_kl"))
           best = resume->trainer.at("best_validation_kl").get<double>();
       }
+      nlohmann::json search_info;  // set by --search-rounds: how the weights were found
       auto save = [&](const fs::path& path, double best_kl, bool with_state) {
         dc::PolicyCheckpoint c = with_state ? trainer.save_state() : policy.to_checkpoint();
         c.extra["model"] = fs::path(model_path).filename().string();
@@ -274,6 +307,7 @@ int main(int argc, char** argv) {
           c.extra["tasks"] = {{"tasks", tasks_arg}, {"samples", task_samples}, {"validation", task_validation},
                               {"length", task_length}, {"seed", task_seed}, {"haystack", task_haystack},
                               {"solved_only", task_solved_only}};
+        if (!search_info.is_null()) c.extra["search"] = search_info;
         if (with_state) c.trainer["best_validation_kl"] = best_kl;
         dc::save_policy_checkpoint(path, c);
       };
@@ -337,6 +371,23 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "train: untrained policy, validation KL %.4f (%s)\n", best, validation_detail.c_str());
         log_line("0,,,,,,,," + std::to_string(best));
         save(best_path, best, false);
+      }
+      if (search_rounds > 0) {
+        search.search.max_rounds = search_rounds;
+        const double untrained = best;
+        const auto found = search_linear_correction(trainer, policy, search, fs::path(out_dir) / "search_log.csv");
+        search_info = {{"method", "compass search of a linear correction"}, {"contexts", search.contexts},
+                       {"step", search.search.step}, {"min_step", search.search.min_step},
+                       {"max_step", search.search.max_step}, {"expand", search.search.expand},
+                       {"max_rounds", search.search.max_rounds}, {"min_improvement", search.search.min_improvement},
+                       {"rounds", found.rounds}, {"evaluations", found.evaluations},
+                       {"training_kl", found.value}, {"weights", found.x}};
+        const double kl = validate(policy);
+        std::fprintf(stderr, "train: searched policy, validation KL %.4f (%s); untrained %.4f\n", kl,
+                     validation_detail.c_str(), untrained);
+        save(fs::path(out_dir) / "search.dcpolicy", kl, false);
+        if (kl < best) save(best_path, kl, false);
+        return 0;
       }
       const auto start = std::chrono::steady_clock::now();
       const int first = trainer.step();

@@ -517,6 +517,18 @@ std::vector<BadInput> bad_inputs(const dc_test::TempDir& tmp) {
     c.extra["score_base"] = "snapkv";
     (void)dc::MlpPolicy::from_checkpoint(c);
   }, "unknown score base 'snapkv' (known: none, h2o)");
+  add("linear_correction_params", "a SiLU network", [&] {
+    const std::vector<float> w(5, 0.5f);
+    (void)dc::linear_correction_params(dc::MlpLayout(5, {16, 8}, dc::Activation::silu), w);
+  }, "linear correction: the MLP must use ReLU");
+  add("compass_search", "a minimum step above the step", [&] {
+    dc::CompassSearchOptions o;
+    o.step = 0.1;
+    o.min_step = 0.5;
+    (void)dc::compass_search({0.0f}, o, [](const std::vector<std::vector<float>>& p) {
+      return std::vector<double>(p.size(), 0.0);
+    });
+  }, "compass search: minimum step 0.5 must be in (0, step = 0.1]");
   add("policy_inputs", "budget_age at a budget of 0", [&] {
     dc::TokenFeatures f;
     const std::vector<dc::PolicyInput> age = {dc::PolicyInput::budget_age};

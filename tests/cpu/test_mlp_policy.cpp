@@ -11,6 +11,7 @@
 
 #include <distillcache/cpu/mlp.hpp>
 #include <distillcache/policy/baselines.hpp>
+#include <distillcache/policy/linear_correction.hpp>
 #include <distillcache/policy/mlp_policy.hpp>
 #include <distillcache/policy/select.hpp>
 #include <distillcache/policy/policy_inputs.hpp>
@@ -485,6 +486,17 @@ TEST_CASE("inference scores (inputs built into tiles) give the trainer's inputs-
         CHECK(std::memcmp(windowed.data(), got.data(), windowed.size() * sizeof(float)) == 0);
       }
     }
+  {  // Inputs no first-layer weight reads are not built: the same bits as building every one.
+    const dc::MlpLayout L(int(all.size()), {16, 8}, dc::Activation::relu);
+    auto p = random_params(L, 23);
+    for (int o = 0; o < 16; ++o)
+      for (int i : {0, 3, 4, 6, 9}) p[std::size_t(L.weight_offset(0) + o * L.inputs + i)] = 0.0f;
+    const auto x = dc::policy_inputs(f, all, 700);
+    std::vector<float> expected(std::size_t(f.size)), got(std::size_t(f.size), NAN);
+    dc::mlp_forward(kCpu, L, p.data(), x.data(), f.size, expected.data(), nullptr);
+    dc::mlp_policy_scores(f, all, 700, L, p.data(), got);
+    CHECK(std::memcmp(expected.data(), got.data(), expected.size() * sizeof(float)) == 0);
+  }
   // The policy's own scores are these, with its recent window (the newest half of the budget).
   auto policy = dc::MlpPolicy::initialised(all, {16}, 3);
   policy.set_recent_fraction(0.5);
@@ -635,4 +647,53 @@ TEST_CASE("an H2O score base: log(accumulated mass) + the MLP; a zero output lay
   CHECK_THROWS_WITH_AS(dc::MlpPolicy::from_checkpoint(c), doctest::Contains("unknown score base 'snapkv'"), dc::Error);
   c.extra["score_base"] = 1;
   CHECK_THROWS_WITH_AS(dc::MlpPolicy::from_checkpoint(c), doctest::Contains("'score_base' is not a string"), dc::Error);
+}
+
+TEST_CASE("a linear correction: the ReLU MLP computes w . x, and on the H2O base w on value_norm is attention x value norm") {
+  const dc::TokenFeatures f = distinct_mass_features();
+  const auto inputs = dc::paper_policy_inputs();
+  const std::vector<float> w = {0.75f, -1.5f, 0.25f, 2.0f, -0.125f};
+  const auto x = dc::policy_inputs(f, inputs, 100);
+  for (const std::vector<int>& hidden : {std::vector<int>{2}, std::vector<int>{16, 8}, std::vector<int>{3, 2, 5}}) {
+    CAPTURE(hidden.size());
+    const dc::MlpLayout layout(int(inputs.size()), hidden, dc::Activation::relu);
+    const auto params = dc::linear_correction_params(layout, w);
+    CHECK(dc::linear_correction_weights(layout, params) == w);
+    std::vector<float> out(std::size_t(f.size));
+    dc::mlp_forward(kCpu, layout, params.data(), x.data(), f.size, out.data(), nullptr);
+    int negative = 0;
+    for (int r = 0; r < f.size; ++r) {  // against w . x in double: float's rounding of the sum only
+      double dot = 0.0, magnitude = 0.0;
+      for (std::size_t i = 0; i < w.size(); ++i) {
+        dot += double(w[i]) * double(x[std::size_t(r) * w.size() + i]);
+        magnitude += std::abs(double(w[i]) * double(x[std::size_t(r) * w.size() + i]));
+      }
+      negative += dot < 0.0;
+      CHECK(std::abs(double(out[std::size_t(r)]) - dot) <= 1e-6 * (magnitude + 1.0));
+    }
+    CHECK(negative > 0);  // both halves of relu(w . x) - relu(-w . x) were exercised
+    CHECK(negative < f.size);
+  }
+  // On the H2O base with w = value_norm only, the scores order rows as mass x relative value
+  // norm does (the value-aware H2O variant): log(m) + log(v / mean v + eps).
+  auto policy = dc::MlpPolicy::initialised(inputs, {16, 8}, 4, dc::Activation::relu);
+  policy.set_score_base(dc::ScoreBase::h2o);
+  const std::vector<float> vn = {0.0f, 1.0f, 0.0f, 0.0f, 0.0f};
+  const auto params = dc::linear_correction_params(policy.layout(), vn);
+  std::copy(params.begin(), params.end(), policy.params().begin());
+  std::vector<float> scores(std::size_t(f.size));
+  policy.score(f, 100, scores);
+  for (int r = 0; r < f.size; ++r) {
+    const double expected = std::log(double(f.accumulated_mass[std::size_t(r)])) + double(x[std::size_t(r) * 5 + 1]);
+    CHECK(double(scores[std::size_t(r)]) == doctest::Approx(expected).epsilon(1e-5));
+  }
+  // What cannot carry it is refused.
+  CHECK_THROWS_WITH_AS(dc::linear_correction_params(dc::MlpLayout(5, {16, 8}, dc::Activation::silu), w),
+                       doctest::Contains("must use ReLU"), dc::Error);
+  CHECK_THROWS_WITH_AS(dc::linear_correction_params(dc::MlpLayout(5, {16, 1}, dc::Activation::relu), w),
+                       doctest::Contains("at least 2 units, one has 1"), dc::Error);
+  CHECK_THROWS_WITH_AS(dc::linear_correction_params(dc::MlpLayout(6, {4}, dc::Activation::relu), w),
+                       doctest::Contains("5 weights for 6 inputs"), dc::Error);
+  const std::vector<float> nan = {0.0f, NAN, 0.0f, 0.0f, 0.0f};
+  CHECK_THROWS_AS(dc::linear_correction_params(dc::MlpLayout(5, {4}, dc::Activation::relu), nan), dc::Error);
 }

@@ -130,6 +130,17 @@ std::vector<std::vector<std::int32_t>> random_windows(int count, int length, uns
   return w;
 }
 
+// The head-granularity features of a 30-token random prompt on the tiny model (2 layers x 2 KV
+// heads: 4 groups of 30 rows).
+dc::TokenFeatures tiny_prompt_features() {
+  dc::HfModel m = dc::load_hf_model(kFixtures + "/tiny_mistral");
+  dc::Transformer<dc::cpu> model(m.config, std::move(m.weights), 16);
+  auto cache = model.make_cache(30);
+  cache.set_observed_from(0);
+  model.forward(random_windows(1, 30, 5)[0], cache);
+  return dc::gather_features(model.context(), cache, dc::Granularity::head);
+}
+
 dc::TrainerOptions tiny_options() {
   dc::TrainerOptions o;
   o.context = 40;
@@ -242,12 +253,7 @@ TEST_CASE("forward_logits_on_backend leaves the logits forward() copies out, for
 }
 
 TEST_CASE("a recent window: the newest rows are kept without a choice and left out of the record") {
-  dc::HfModel m = dc::load_hf_model(kFixtures + "/tiny_mistral");
-  dc::Transformer<dc::cpu> model(m.config, std::move(m.weights), 16);
-  auto cache = model.make_cache(30);
-  cache.set_observed_from(0);
-  model.forward(random_windows(1, 30, 5)[0], cache);
-  const dc::TokenFeatures f = dc::gather_features(model.context(), cache, dc::Granularity::head);
+  const dc::TokenFeatures f = tiny_prompt_features();
   REQUIRE(f.groups.size() == 4);  // 2 layers x 2 KV heads, 30 rows each
 
   auto policy = dc::MlpPolicy::initialised(dc::paper_policy_inputs(), {8}, 3);
@@ -541,4 +547,139 @@ TEST_CASE("the policy gradient through an H2O score base and a temperature match
   e.accumulated_mass.pop_back();
   CHECK_THROWS_WITH_AS(dc::accumulate_policy_gradient(policy, e, 1.0, 0.0, grad),
                        doctest::Contains("masses for 80 rows"), dc::Error);
+}
+
+TEST_CASE("shared exploration: the rollouts of one (context, budget) explore the same groups, else their own") {
+  const dc::TokenFeatures f = tiny_prompt_features();
+  REQUIRE(f.groups.size() == 4);
+  const auto policy = dc::MlpPolicy::initialised(dc::paper_policy_inputs(), {8}, 3);
+  std::vector<float> scores(std::size_t(f.size));
+  const int budget = 9;
+  dc::MlpPolicy scorer = policy;
+  scorer.score(f, budget, scores);
+  // The explored group of a selector that explores one: the group whose picks were recorded.
+  const auto explored = [&](dc::GumbelSelector& s) {
+    s.select(f, scores, budget, 0, 0);
+    const dc::SampledEviction& e = s.records().at(0);
+    int which = -1, count = 0;
+    for (int g = 0; g < 4; ++g)
+      if (!e.picks.group(g).empty()) which = g, ++count;
+    CHECK(count == 1);
+    return which;
+  };
+  std::vector<int> own, shared;
+  for (std::uint64_t k = 0; k < 8; ++k) {
+    dc::GumbelSelector a(policy, 9, k << 16, 1), b(policy, 9, k << 16, 1, 1.0f, std::uint64_t(0));
+    own.push_back(explored(a));
+    shared.push_back(explored(b));
+    // The default explore stream is the selector's own: bit for bit the selector before the option.
+    dc::GumbelSelector c(policy, 9, k << 16, 1, 1.0f, k << 16);
+    dc::GumbelSelector d(policy, 9, k << 16, 1);
+    CHECK(c.select(f, scores, budget, 0, 0) == d.select(f, scores, budget, 0, 0));
+  }
+  CHECK(std::all_of(shared.begin(), shared.end(), [&](int g) { return g == shared[0]; }));
+  CHECK(std::any_of(own.begin(), own.end(), [&](int g) { return g != own[0]; }));
+
+  // Through the trainer: the option travels in the checkpoint's options (absent from older ones:
+  // off), and it changes the update (other groups explored) without breaking it.
+  auto opt = tiny_options();
+  opt.explore_groups = 1;
+  auto j = opt.to_json();
+  j.erase("shared_exploration");
+  CHECK(!dc::TrainerOptions::from_json(j).shared_exploration);
+  auto shared_opt = opt;
+  shared_opt.shared_exploration = true;
+  CHECK(dc::TrainerOptions::from_json(shared_opt.to_json()).shared_exploration);
+  dc::HfModel m = dc::load_hf_model(kFixtures + "/tiny_mistral");
+  dc::Transformer<dc::cpu> model(m.config, std::move(m.weights), 16);
+  const auto windows = random_windows(3, 46, 3);
+  auto p_own = dc::MlpPolicy::initialised(dc::paper_policy_inputs(), {8}, 4), p_shared = p_own;
+  dc::ReinforceTrainer<dc::cpu, float> a(model, p_own, opt, windows), b(model, p_shared, shared_opt, windows);
+  const auto sa = a.update(), sb = b.update();
+  CHECK(std::isfinite(sb.reward));
+  CHECK(sa.reward != sb.reward);
+  CHECK(!std::equal(p_own.params().begin(), p_own.params().end(), p_shared.params().begin()));
+}
+
+TEST_CASE("validate_policies: several policies in one pass score what each scores alone") {
+  dc::HfModel m = dc::load_hf_model(kFixtures + "/tiny_mistral");
+  dc::Transformer<dc::cpu> model(m.config, std::move(m.weights), 16);
+  const auto windows = random_windows(4, 46, 3);
+  auto opt = tiny_options();
+  auto policy = dc::MlpPolicy::initialised(dc::paper_policy_inputs(), {8, 8}, 4);
+  dc::ReinforceTrainer<dc::cpu, float> trainer(model, policy, opt, windows);
+  const auto contexts = dc::split_windows(random_windows(2, 46, 7), opt.context, opt.continuation);
+  auto other = dc::MlpPolicy::initialised(dc::paper_policy_inputs(), {8, 8}, 5);
+  dc::H2OPolicy h2o(0.5);
+  const auto together = trainer.validate_policies({&policy, &other, &h2o}, contexts);
+  REQUIRE(together.size() == 3);
+  CHECK(together[0] == trainer.validate_policy(policy, contexts));
+  CHECK(together[1] == trainer.validate_policy(other, contexts));
+  CHECK(together[2] == trainer.validate_policy(h2o, contexts));
+  CHECK(together[0] != together[1]);  // the policies differ, so the pass did not score one thrice
+  CHECK(trainer.training_contexts().size() == windows.size());
+}
+
+TEST_CASE("compass search: finds a quadratic's minimum to within its last step and never goes uphill") {
+  const std::vector<double> centre = {0.8, -1.3, 0.45}, curvature = {1.0, 4.0, 0.25};
+  const auto f = [&](const std::vector<float>& x) {
+    double s = 0.0;
+    for (std::size_t i = 0; i < x.size(); ++i) s += curvature[i] * (double(x[i]) - centre[i]) * (double(x[i]) - centre[i]);
+    return s + 0.1;
+  };
+  int calls = 0;
+  const auto evaluate = [&](const std::vector<std::vector<float>>& points) {
+    ++calls;
+    std::vector<double> v;
+    for (const auto& p : points) v.push_back(f(p));
+    return v;
+  };
+  dc::CompassSearchOptions opt;
+  opt.step = 0.5;
+  opt.min_step = 1.0 / 64;
+  opt.max_rounds = 100;
+  std::vector<double> values;
+  const auto r = dc::compass_search({0.0f, 0.0f, 0.0f}, opt, evaluate,
+                                    [&](const dc::CompassSearchRound& round) { values.push_back(round.value); });
+  for (std::size_t i = 0; i < centre.size(); ++i) CHECK(std::abs(double(r.x[i]) - centre[i]) <= opt.min_step);
+  CHECK(r.value == f(r.x));
+  CHECK(r.rounds < opt.max_rounds);  // it stopped on the step, not the round count
+  REQUIRE(values.size() == std::size_t(r.rounds) + 1);  // round 0 reports the start
+  CHECK(values[0] == f({0.0f, 0.0f, 0.0f}));
+  CHECK(std::is_sorted(values.rbegin(), values.rend()));
+  CHECK(r.evaluations == 1 + 6 * r.rounds);
+  CHECK(calls == 1 + r.rounds);  // x0 alone, then one batch per round
+
+  // A far minimum: with the step allowed to grow after each success, the search gets there in
+  // fewer rounds than at one initial step per round, and as precisely.
+  const auto far = [&](const std::vector<std::vector<float>>& points) {
+    std::vector<double> v;
+    for (const auto& p : points) v.push_back((double(p[0]) - 6.3) * (double(p[0]) - 6.3));
+    return v;
+  };
+  opt.max_step = 0.5;
+  const auto slow = dc::compass_search({0.0f}, opt, far);
+  opt.max_step = 4.0;
+  const auto fast = dc::compass_search({0.0f}, opt, far);
+  CHECK(std::abs(double(slow.x[0]) - 6.3) <= opt.min_step);
+  CHECK(std::abs(double(fast.x[0]) - 6.3) <= opt.min_step);
+  CHECK(slow.rounds >= 13);  // 12 steps of 0.5 to get near 6.3, then the refinement
+  CHECK(fast.rounds < slow.rounds);
+  opt.max_step = 0.0;
+
+  // A move must gain min_improvement of f(x): the best poll point, (0, -0.5, 0), gains 56 % of
+  // f(x0) = 7.55, so asking for 90 % the search never leaves x0.
+  opt.min_improvement = 0.9;
+  opt.max_rounds = 5;
+  const auto stuck = dc::compass_search({0.0f, 0.0f, 0.0f}, opt, evaluate);
+  CHECK(stuck.x == std::vector<float>{0.0f, 0.0f, 0.0f});
+  CHECK(stuck.value == f({0.0f, 0.0f, 0.0f}));
+
+  // Impossible settings and a non-finite objective are refused with the reason.
+  opt.min_improvement = 0.0;
+  opt.min_step = 1.0;
+  CHECK_THROWS_WITH_AS(dc::compass_search({0.0f}, opt, evaluate), doctest::Contains("minimum step 1"), dc::Error);
+  opt.min_step = 0.1;
+  const auto nan = [](const std::vector<std::vector<float>>& points) { return std::vector<double>(points.size(), NAN); };
+  CHECK_THROWS_WITH_AS(dc::compass_search({0.0f}, opt, nan), doctest::Contains("the objective is nan"), dc::Error);
 }

@@ -74,6 +74,13 @@ inline void mlp_policy_scores(const TokenFeatures& f, std::span<const PolicyInpu
   for (int g = 0; g < groups; ++g) scale[std::size_t(g)] = policy_input_scale(f, g, layers);
   const std::int64_t count = first_tile.back();
   const std::size_t width = std::size_t(layout.widest()) * T;
+  // An input whose first-layer weights are all zero adds nothing (0 times a finite input): it is
+  // not built. A linear correction (policy/linear_correction.hpp) typically reads a few of its
+  // inputs, and the logarithms of the others were most of its scoring time.
+  std::vector<char> used(std::size_t(layout.inputs), 0);
+  for (int o = 0; o < layout.out(0); ++o)
+    for (int i = 0; i < layout.inputs; ++i)
+      used[std::size_t(i)] |= params[layout.weight_offset(0) + std::int64_t(o) * layout.inputs + i] != 0.0f;
   DC_OMP(parallel if (count > 64))
   {
     std::vector<float> a(width), z(width);
@@ -92,6 +99,10 @@ inline void mlp_policy_scores(const TokenFeatures& f, std::span<const PolicyInpu
       }
       for (int i = 0; i < layout.inputs; ++i) {
         float* column = a.data() + std::size_t(i) * T;
+        if (!used[std::size_t(i)]) {
+          std::fill(column, column + T, 0.0f);
+          continue;
+        }
         fill_policy_input(f, inputs[std::size_t(i)], scale[std::size_t(g)], layer_last.data(), budget, row0,
                           rows, column);
         std::fill(column + rows, column + T, 0.0f);  // as mlp_tile_forward pads a short tile

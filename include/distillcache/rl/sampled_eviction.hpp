@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <span>
 #include <utility>
@@ -47,14 +48,23 @@ inline std::vector<std::int32_t> group_offsets_of(const TokenFeatures& f) {
 // their number, so exploring a few groups at a time gives each rollout's advantage a clear
 // meaning (coordinate-wise exploration). The policy optimised is then stochastic in the
 // explored groups and greedy elsewhere, which is closer to the greedy policy deployed.
+//
+// Which groups are explored is keyed on (seed, explore_stream_base + e); by default
+// explore_stream_base = stream_base, so every rollout explores its own groups. Giving the K
+// rollouts of one (context, budget) the same explore_stream_base makes them explore the same
+// groups, so that they differ only there: their leave-one-out baseline then removes how much
+// perturbing those groups costs on average (some heads matter far more than others), which with
+// groups of their own is left in every advantage as noise (TrainerOptions::shared_exploration).
 class GumbelSelector final : public KeepSetSelector {
  public:
   // temperature: the sample is of scores / temperature (Gumbel noise of scale temperature on the
   // scores): below 1 it stays closer to the greedy top-B deployed, swapping rows near each
   // group's boundary rather than across the whole ranking.
   GumbelSelector(const MlpPolicy& policy, std::uint64_t seed, std::uint64_t stream_base,
-                 int explore_groups = 0, float temperature = 1.0f)
-      : policy_(policy), seed_(seed), stream_base_(stream_base), explore_groups_(explore_groups),
+                 int explore_groups = 0, float temperature = 1.0f,
+                 std::optional<std::uint64_t> explore_stream_base = std::nullopt)
+      : policy_(policy), seed_(seed), stream_base_(stream_base),
+        explore_stream_base_(explore_stream_base.value_or(stream_base)), explore_groups_(explore_groups),
         temperature_(temperature) {
     DC_CHECK(explore_groups >= 0, "sampled eviction: negative explore_groups ", explore_groups);
     DC_CHECK(std::isfinite(temperature) && temperature > 0.0f, "sampled eviction: temperature ",
@@ -108,7 +118,8 @@ class GumbelSelector final : public KeepSetSelector {
                            free_budget);
       std::vector<int> order(static_cast<std::size_t>(group_count));
       std::iota(order.begin(), order.end(), 0);
-      std::mt19937_64 rng(seed_ ^ (stream * 0x9E3779B97F4A7C15ull));
+      const std::uint64_t explore_stream = explore_stream_base_ + std::uint64_t(records_.size());
+      std::mt19937_64 rng(seed_ ^ (explore_stream * 0x9E3779B97F4A7C15ull));
       std::shuffle(order.begin(), order.end(), rng);
       std::fill(explored.begin(), explored.end(), 0);
       for (int i = 0; i < explore_groups_; ++i) explored[std::size_t(order[std::size_t(i)])] = 1;
@@ -133,7 +144,7 @@ class GumbelSelector final : public KeepSetSelector {
 
  private:
   const MlpPolicy& policy_;
-  std::uint64_t seed_, stream_base_;
+  std::uint64_t seed_, stream_base_, explore_stream_base_;
   int explore_groups_;
   float temperature_;
   std::vector<SampledEviction> records_;

@@ -61,6 +61,9 @@ struct TrainerOptions {
   bool standardise_advantages = true;
   int explore_groups = 8;        // groups sampled per eviction (0 = all; rl/sampled_eviction.hpp)
   float temperature = 1.0f;      // keep-sets are Plackett-Luce samples of scores / temperature
+  // The K rollouts of a (context, budget) explore the same groups (GumbelSelector) rather than
+  // groups of their own, so their leave-one-out baseline compares like with like.
+  bool shared_exploration = false;
   std::uint64_t seed = 1;
 
   void validate() const {
@@ -90,7 +93,8 @@ struct TrainerOptions {
             {"updates", updates}, {"contexts_per_update", contexts_per_update}, {"lr", lr},
             {"lr_floor", lr_floor}, {"warmup", warmup}, {"entropy_bonus", entropy_bonus},
             {"max_grad_norm", max_grad_norm}, {"standardise_advantages", standardise_advantages},
-            {"explore_groups", explore_groups}, {"temperature", temperature}, {"seed", seed}};
+            {"explore_groups", explore_groups}, {"temperature", temperature},
+            {"shared_exploration", shared_exploration}, {"seed", seed}};
   }
   static TrainerOptions from_json(const nlohmann::json& j) {
     DC_CHECK(j.is_object(), "trainer options: not a JSON object");
@@ -115,6 +119,7 @@ struct TrainerOptions {
       o.standardise_advantages = j.at("standardise_advantages").get<bool>();
       o.explore_groups = j.at("explore_groups").get<int>();
       o.temperature = j.value("temperature", 1.0f);  // absent in checkpoints written before it
+      o.shared_exploration = j.value("shared_exploration", false);  // likewise
       o.seed = j.at("seed").get<std::uint64_t>();
     } catch (const nlohmann::json::exception& e) {
       DC_FAIL("trainer options: ", e.what());
@@ -332,17 +337,25 @@ class ReinforceTrainer {
   }
   // The same for any policy, e.g. a heuristic to compare the learned one with.
   std::vector<double> validate_policy(EvictionPolicy& policy, const std::vector<TrainingContext>& contexts) {
+    return validate_policies({&policy}, contexts)[0];
+  }
+  // Several policies in one pass (one prefill and teacher per context for all): [policy][budget].
+  std::vector<std::vector<double>> validate_policies(const std::vector<EvictionPolicy*>& policies,
+                                                     const std::vector<TrainingContext>& contexts) {
     std::vector<Budget> budgets;
     for (double f : opt_.budgets) budgets.push_back(budget_of(f));
-    FidelityEvaluator<B, W> eval(model_, {&policy}, budgets, opt_.mode, {opt_.granularity});
+    FidelityEvaluator<B, W> eval(model_, policies, budgets, opt_.mode, {opt_.granularity});
     for (std::size_t i = 0; i < contexts.size(); ++i) {
       check_context(contexts[i], "validation context " + std::to_string(i));
       eval.add_context(contexts[i].prompt, contexts[i].continuation, [](std::size_t) {});
     }
-    std::vector<double> kl;
-    for (std::size_t b = 0; b < budgets.size(); ++b) kl.push_back(eval.total(0, 0, b).kl_mean());
+    std::vector<std::vector<double>> kl(policies.size());
+    for (std::size_t p = 0; p < policies.size(); ++p)
+      for (std::size_t b = 0; b < budgets.size(); ++b) kl[p].push_back(eval.total(p, 0, b).kl_mean());
     return kl;
   }
+  // The training contexts, in the order updates take them.
+  const std::vector<TrainingContext>& training_contexts() const { return contexts_; }
 
   // The policy checkpoint with the optimizer state (Adam's moments, the step, the options):
   // what a resumed run needs to continue bit for bit.
@@ -465,13 +478,16 @@ class ReinforceTrainer {
       std::vector<EvictingDecoder<B, W>*> batch;
       for (std::size_t i = begin; i < end; ++i) {
         const std::size_t b = i / per_budget, k = i % per_budget;
-        const std::uint64_t stream =
-            ((((std::uint64_t(u) * 4096 + std::uint64_t(c)) * 64 + b) * 1024 + std::uint64_t(k)) << 16);
+        const auto stream_of = [&](std::size_t rollout) {
+          return (((std::uint64_t(u) * 4096 + std::uint64_t(c)) * 64 + b) * 1024 + std::uint64_t(rollout)) << 16;
+        };
+        const std::uint64_t stream = stream_of(k);
         decoders.push_back(std::make_unique<EvictingDecoder<B, W>>(
             model_, policy_, budget_of(opt_.budgets[b]), opt_.mode, int(prompt_tokens), steps,
             opt_.granularity));
-        selectors.push_back(std::make_unique<GumbelSelector>(policy_, opt_.seed, stream, opt_.explore_groups,
-                                                             opt_.temperature));
+        selectors.push_back(std::make_unique<GumbelSelector>(
+            policy_, opt_.seed, stream, opt_.explore_groups, opt_.temperature,
+            opt_.shared_exploration ? std::optional<std::uint64_t>(stream_of(0)) : std::nullopt));
         decoders.back()->set_selector(selectors.back().get());
         decoders.back()->adopt_prefill(teacher.prefilled, teacher.prompt_logits);
         batch.push_back(decoders.back().get());
