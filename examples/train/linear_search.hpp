@@ -4,10 +4,13 @@
 // on the greedy keep-sets' exact KL over training windows, instead of by REINFORCE.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <distillcache/distillcache.hpp>
@@ -16,25 +19,87 @@ namespace dc_examples {
 
 struct LinearSearchSettings {
   int contexts = 16;  // training windows the objective averages over, taken evenly
+  // Held-out training windows (none of the objective's) that choose which round's point is kept:
+  // the objective's own minimum overfits few windows (a 12-window decode-mode search lowered its
+  // objective by 24 % and the validation KL rose). 0: keep the objective's minimum.
+  int holdout = 0;
+  // Modes the objective averages over (each window scored in each); empty: the training mode.
+  std::vector<dc::EvictionMode> modes;
+  std::vector<float> start;  // the first point; empty: w = 0, the score base alone
   dc::CompassSearchOptions search;
 };
 
-// Runs the search from w = 0 (the score base alone) and leaves the best weights in policy.
+// Training windows for the objective (every (size / n)-th) and for the hold-out (the windows
+// half-way between those), disjoint as long as there are at least 2n of them.
+inline std::pair<std::vector<dc::TrainingContext>, std::vector<dc::TrainingContext>> split_search_windows(
+    const std::vector<dc::TrainingContext>& all, int contexts, int holdout) {
+  DC_CHECK(contexts >= 1 && holdout >= 0, "--search-contexts ", contexts, ", --search-holdout ", holdout);
+  const std::size_t n = std::min(all.size(), std::size_t(contexts));
+  DC_CHECK(holdout == 0 || all.size() >= 2 * std::max(n, std::size_t(holdout)), "--search-holdout ", holdout,
+           ": ", all.size(), " training windows are too few for ", n, " search and ", holdout,
+           " held-out windows (need twice the larger)");
+  std::vector<dc::TrainingContext> search, held;
+  for (std::size_t i = 0; i < n; ++i) search.push_back(all[i * all.size() / n]);
+  // Odd multiples of size / (2 h) never meet a multiple of size / n when 2h and n divide evenly;
+  // the check below covers the rest.
+  for (int i = 0; i < holdout; ++i) {
+    const std::size_t at = (2 * std::size_t(i) + 1) * all.size() / (2 * std::size_t(holdout));
+    held.push_back(all[at]);
+  }
+  for (const auto& h : held)
+    for (const auto& c : search)
+      DC_CHECK(h.prompt != c.prompt, "--search-holdout ", holdout, " and --search-contexts ", contexts,
+               " pick the same window; choose a hold-out count that divides the search count or vice versa");
+  return {std::move(search), std::move(held)};
+}
+
+// The linear correction a policy file carries, as weights for `inputs` (matched by name; an
+// input the file lacks gets 0). The file must be a linear correction on the same score base with
+// the same recent fraction, or its weights would mean another ranking. Read before the model
+// loads, so a wrong file fails at once.
+inline std::vector<float> linear_weights_from(const std::string& path, const std::vector<dc::PolicyInput>& inputs,
+                                              dc::ScoreBase score_base, double recent_fraction) {
+  const dc::MlpPolicy from = dc::MlpPolicy::from_checkpoint(dc::load_policy_checkpoint(path));
+  const auto& hidden = from.layout().hidden;
+  DC_CHECK(from.layout().activation == dc::Activation::relu &&
+               std::all_of(hidden.begin(), hidden.end(), [](int h) { return h >= 2; }),
+           "--search-from: '", path, "' is not a linear correction (those use ReLU and at least 2 units a "
+           "layer; train --search-rounds writes them)");
+  const auto w = dc::linear_correction_weights(from.layout(), from.params());
+  const auto rebuilt = dc::linear_correction_params(from.layout(), w);
+  DC_CHECK(std::equal(rebuilt.begin(), rebuilt.end(), from.params().begin()), "--search-from: '", path,
+           "' is not a linear correction (a trained MLP; train --search-rounds writes them)");
+  DC_CHECK(from.score_base() == score_base && from.recent_fraction() == recent_fraction, "--search-from: '",
+           path, "' has score base ", dc::score_base_name(from.score_base()), " and recent fraction ",
+           from.recent_fraction(), "; this run has ", dc::score_base_name(score_base), " and ", recent_fraction);
+  std::vector<float> start(inputs.size(), 0.0f);
+  for (std::size_t i = 0; i < from.inputs().size(); ++i) {
+    const auto at = std::find(inputs.begin(), inputs.end(), from.inputs()[i]);
+    DC_CHECK(at != inputs.end() || w[i] == 0.0f, "--search-from: '", path, "' weighs the input ",
+             dc::policy_input_name(from.inputs()[i]), ", which --inputs lacks");
+    if (at != inputs.end()) start[std::size_t(at - inputs.begin())] = w[i];
+  }
+  return start;
+}
+
+// Runs the search from s.start (w = 0 when empty) and leaves the chosen weights in policy: the
+// objective's minimum, or with a hold-out the visited point that scored best on it.
 template <class Trainer>
 dc::CompassSearchResult search_linear_correction(Trainer& trainer, dc::MlpPolicy& policy,
                                                  const LinearSearchSettings& s,
                                                  const std::filesystem::path& log_path) {
-  const auto& all = trainer.training_contexts();
-  DC_CHECK(s.contexts >= 1, "--search-contexts: ", s.contexts);
-  std::vector<dc::TrainingContext> contexts;
-  const std::size_t n = std::min(all.size(), std::size_t(s.contexts));
-  for (std::size_t i = 0; i < n; ++i) contexts.push_back(all[i * all.size() / n]);
+  const auto windows = split_search_windows(trainer.training_contexts(), s.contexts, s.holdout);
+  const std::vector<dc::TrainingContext>& contexts = windows.first;
+  const std::vector<dc::TrainingContext>& held = windows.second;
+  const std::vector<std::optional<dc::EvictionMode>> modes =
+      s.modes.empty() ? std::vector<std::optional<dc::EvictionMode>>{std::nullopt}
+                      : std::vector<std::optional<dc::EvictionMode>>(s.modes.begin(), s.modes.end());
   const dc::MlpLayout& layout = policy.layout();
   dc::check_linear_layout(layout);
 
   {
     std::ofstream log(log_path);
-    log << "round,step,objective,moved,evaluations,seconds";
+    log << "round,step,objective,holdout,moved,evaluations,seconds";
     for (dc::PolicyInput in : policy.inputs()) log << ",w_" << dc::policy_input_name(in);
     log << '\n';
     DC_CHECK(log, "--out: cannot write '", log_path.string(), "'");
@@ -44,7 +109,9 @@ dc::CompassSearchResult search_linear_correction(Trainer& trainer, dc::MlpPolicy
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   };
   int evaluations = 0;
-  const auto evaluate = [&](const std::vector<std::vector<float>>& points) {
+  // The mean KL over budgets and modes of each point's greedy keep-sets on `windows`.
+  const auto score = [&](const std::vector<std::vector<float>>& points,
+                         const std::vector<dc::TrainingContext>& scored) {
     std::vector<dc::MlpPolicy> candidates(points.size(), policy);
     std::vector<dc::EvictionPolicy*> ptrs;
     for (std::size_t p = 0; p < points.size(); ++p) {
@@ -52,20 +119,33 @@ dc::CompassSearchResult search_linear_correction(Trainer& trainer, dc::MlpPolicy
       std::copy(params.begin(), params.end(), candidates[p].params().begin());
       ptrs.push_back(&candidates[p]);
     }
-    const auto kl = trainer.validate_policies(ptrs, contexts);
-    std::vector<double> f;
-    for (const auto& per_budget : kl) {
-      double sum = 0.0;
-      for (double x : per_budget) sum += x;
-      f.push_back(sum / double(per_budget.size()));
+    std::vector<double> f(points.size(), 0.0);
+    for (const auto& mode : modes) {
+      const auto kl = trainer.validate_policies(ptrs, scored, mode);
+      for (std::size_t p = 0; p < points.size(); ++p)
+        for (double x : kl[p]) f[p] += x / double(kl[p].size() * modes.size());
     }
-    evaluations += int(points.size());
     return f;
   };
+  const auto evaluate = [&](const std::vector<std::vector<float>>& points) {
+    evaluations += int(points.size());
+    return score(points, contexts);
+  };
+  std::vector<float> kept;  // with a hold-out: the visited point it scores best
+  double kept_value = INFINITY, kept_holdout = INFINITY;
   const auto on_round = [&](const dc::CompassSearchRound& r) {
+    double holdout = NAN;
+    if (!held.empty()) {
+      holdout = score({r.x}, held)[0];
+      if (holdout < kept_holdout) {
+        kept_holdout = holdout;
+        kept_value = r.value;
+        kept = r.x;
+      }
+    }
     std::ofstream log(log_path, std::ios::app);
-    log << r.round << ',' << r.step << ',' << r.value << ',' << (r.moved ? 1 : 0) << ',' << evaluations << ','
-        << seconds();
+    log << r.round << ',' << r.step << ',' << r.value << ',' << holdout << ',' << (r.moved ? 1 : 0) << ','
+        << evaluations << ',' << seconds();
     std::string weights;
     for (float w : r.x) {
       log << ',' << w;
@@ -73,18 +153,30 @@ dc::CompassSearchResult search_linear_correction(Trainer& trainer, dc::MlpPolicy
     }
     log << '\n';
     const double per_round = seconds() / double(std::max(r.round, 1));
-    std::fprintf(stderr, "search round %3d/%d  step %.4f  KL %.4f%s  w%s  %.0f s  (at most %.0f s more)\n", r.round,
-                 s.search.max_rounds, r.step, r.value, r.moved ? " (moved)" : "        ", weights.c_str(), seconds(),
-                 per_round * double(s.search.max_rounds - r.round));
+    char held_out[48] = "";
+    if (!held.empty()) std::snprintf(held_out, sizeof held_out, "  hold-out %.4f", holdout);
+    std::fprintf(stderr, "search round %3d/%d  step %.4f  KL %.4f%s%s  w%s  %.0f s  (at most %.0f s more)\n", r.round,
+                 s.search.max_rounds, r.step, r.value, held_out, r.moved ? " (moved)" : "        ", weights.c_str(),
+                 seconds(), per_round * double(s.search.max_rounds - r.round));
   };
-  std::fprintf(stderr, "train: compass search over %zu weights on %zu training windows, %zu points a round\n",
-               policy.inputs().size(), contexts.size(), 2 * policy.inputs().size());
-  const std::vector<float> x0(policy.inputs().size(), 0.0f);
-  const dc::CompassSearchResult result = dc::compass_search(x0, s.search, evaluate, on_round);
-  const auto params = dc::linear_correction_params(layout, result.x);
-  std::copy(params.begin(), params.end(), policy.params().begin());
+  std::fprintf(stderr, "train: compass search over %zu weights on %zu training windows (%zu mode%s), %zu points a "
+               "round; %zu held-out windows choose the result\n", policy.inputs().size(), contexts.size(),
+               modes.size(), modes.size() > 1 ? "s" : "", 2 * policy.inputs().size(), held.size());
+  std::vector<float> x0 = s.start;
+  if (x0.empty()) x0.assign(policy.inputs().size(), 0.0f);
+  DC_CHECK(x0.size() == policy.inputs().size(), "--search-from: ", x0.size(), " weights for ",
+           policy.inputs().size(), " inputs");
+  dc::CompassSearchResult result = dc::compass_search(x0, s.search, evaluate, on_round);
   std::fprintf(stderr, "train: search done: %d rounds, %d evaluations, training-window KL %.4f, %.0f s\n",
                result.rounds, result.evaluations, result.value, seconds());
+  if (!held.empty() && kept != result.x) {
+    std::fprintf(stderr, "train: the hold-out keeps an earlier point: training-window KL %.4f, hold-out %.4f\n",
+                 kept_value, kept_holdout);
+    result.x = kept;
+    result.value = kept_value;
+  }
+  const auto params = dc::linear_correction_params(layout, result.x);
+  std::copy(params.begin(), params.end(), policy.params().begin());
   return result;
 }
 

@@ -12,6 +12,7 @@
 // correction w . inputs, and w is found by compass search on the greedy keep-sets' KL over
 // --search-contexts training windows (linear_search.hpp); OUT/search.dcpolicy is the result,
 // OUT/search_log.csv one line per round, and best.dcpolicy is replaced when it validates better.
+// --search-holdout, --search-modes and --search-from shape that search (linear_search.hpp).
 //
 // --tasks adds RULER-style task samples (rl/task_contexts.hpp) to the text windows, one task
 // context after each text window while they last: the query-aware prompt and the full-cache
@@ -63,6 +64,7 @@ int main(int argc, char** argv) {
   bool task_solved_only = false;
   int search_rounds = 0;
   dc_examples::LinearSearchSettings search;
+  std::string search_modes_arg, search_from;
   std::uint64_t task_seed = 1;
   int validation_contexts = 4, validate_every = 20, checkpoint_every = 10, stop_after = 0,
       max_train_contexts = 100000, window = 32, batch = 32;
@@ -135,6 +137,13 @@ int main(int argc, char** argv) {
                  "move, up to this (0: the first step)")->check(finite_number(0.0, 100.0));
   app.add_option("--search-min-improvement", search.search.min_improvement, "--search-rounds: relative "
                  "decrease of the objective a move needs")->check(finite_number(0.0, 0.5));
+  app.add_option("--search-holdout", search.holdout, "--search-rounds: this many other training windows "
+                 "choose the kept point (the visited point they score best), against overfitting the search "
+                 "windows; 0 = keep the objective's minimum")->check(integer_in(0, 4096));
+  app.add_option("--search-modes", search_modes_arg, "--search-rounds: modes the objective (and the "
+                 "validation) averages over, e.g. prefill,decode (default: --mode)");
+  app.add_option("--search-from", search_from, "--search-rounds: start from this policy file's linear "
+                 "correction (weights matched by input name; inputs it lacks start at 0)");
   app.add_option("--score-base", score_base_arg, "none: the score is the MLP's output; h2o: log(H2O's "
                  "accumulated mass) + the MLP's output, starting from a zero output layer (H2O itself; "
                  "needs --init-target none)")->check(CLI::IsMember({"none", "h2o"}));
@@ -187,6 +196,15 @@ int main(int argc, char** argv) {
                "alone: give --init-target none and no --resume");
       dc::check_linear_layout(dc::MlpLayout(int(inputs.size()), hidden, dc::parse_activation(activation_arg)));
       search.search.validate();
+      if (!search_from.empty())
+        search.start = dc_examples::linear_weights_from(search_from, inputs, score_base, recent_fraction);
+      for (const auto& name : split_list(search_modes_arg)) {
+        DC_CHECK(name == "prefill" || name == "decode", "--search-modes: '", name, "' is not prefill or decode");
+        search.modes.push_back(name == "prefill" ? dc::EvictionMode::prefill : dc::EvictionMode::decode);
+      }
+    } else {
+      DC_CHECK(search_modes_arg.empty() && search_from.empty() && search.holdout == 0,
+               "--search-modes, --search-from and --search-holdout need --search-rounds");
     }
     std::optional<dc::PolicyCheckpoint> resume;
     if (!resume_path.empty()) {
@@ -318,15 +336,22 @@ int main(int argc, char** argv) {
       };
       // The validation score: the text windows' mean KL over the budgets, averaged with the
       // task samples' when there are any (the two weigh the same whatever their counts).
+      // With --search-modes the text score averages those modes.
       std::string validation_detail;
+      std::vector<std::optional<dc::EvictionMode>> validation_modes(search.modes.begin(), search.modes.end());
+      if (validation_modes.empty()) validation_modes.push_back(std::nullopt);
       auto validate = [&](dc::EvictionPolicy& scored) {
-        const auto v = trainer.validate_policy(scored, text_validation);
-        double score = mean(v);
+        double score = 0.0;
         char buf[128];
         validation_detail = "text";
-        for (std::size_t b = 0; b < v.size(); ++b) {
-          std::snprintf(buf, sizeof buf, " %g: %.4f", opt.budgets[b], v[b]);
-          validation_detail += buf;
+        for (const auto& mode : validation_modes) {
+          const auto v = trainer.validate_policies({&scored}, text_validation, mode)[0];
+          score += mean(v) / double(validation_modes.size());
+          if (mode) validation_detail += *mode == dc::EvictionMode::prefill ? " prefill" : " decode";
+          for (std::size_t b = 0; b < v.size(); ++b) {
+            std::snprintf(buf, sizeof buf, " %g: %.4f", opt.budgets[b], v[b]);
+            validation_detail += buf;
+          }
         }
         if (!task_validation_contexts.empty()) {
           const auto vt = trainer.validate_policy(scored, task_validation_contexts);
@@ -380,6 +405,8 @@ int main(int argc, char** argv) {
                        {"step", search.search.step}, {"min_step", search.search.min_step},
                        {"max_step", search.search.max_step}, {"expand", search.search.expand},
                        {"max_rounds", search.search.max_rounds}, {"min_improvement", search.search.min_improvement},
+                       {"holdout", search.holdout}, {"modes", search_modes_arg.empty() ? mode_arg : search_modes_arg},
+                       {"from", search_from},
                        {"rounds", found.rounds}, {"evaluations", found.evaluations},
                        {"training_kl", found.value}, {"weights", found.x}};
         const double kl = validate(policy);

@@ -626,6 +626,16 @@ TEST_CASE("an H2O score base: log(accumulated mass) + the MLP; a zero output lay
     CHECK(double(dc::math::h2o_base_score(2.5f) - dc::math::h2o_base_score(0.01f)) ==
           doctest::Approx(std::log(250.0)).epsilon(1e-6));
     CHECK(std::isfinite(dc::math::h2o_base_score(0.0f)));  // no query saw the row: a floor, not -inf
+    // Written as a select after the logarithm (so that its loop vectorises), it is still
+    // log(max(mass, 1e-30)) bit for bit, at and around the floor and at the odd values too.
+    const float floor = 1e-30f;
+    for (float m : {0.0f, -0.0f, -1.0f, 1e-45f, 1e-38f, std::nextafter(floor, 0.0f), floor,
+                    std::nextafter(floor, 1.0f), 1e-20f, 0.5f, 1.0f, 3.0e38f, INFINITY, -INFINITY, NAN}) {
+      CAPTURE(m);
+      const float want = dc::math::log_poly(m > floor ? m : floor);
+      const float got = dc::math::h2o_base_score(m);
+      CHECK(std::memcmp(&want, &got, sizeof(float)) == 0);
+    }
   }
   // A zero output layer: H2O's keep-sets, recent half and all, at every budget.
   policy.zero_output_layer();

@@ -618,6 +618,17 @@ TEST_CASE("validate_policies: several policies in one pass score what each score
   CHECK(together[2] == trainer.validate_policy(h2o, contexts));
   CHECK(together[0] != together[1]);  // the policies differ, so the pass did not score one thrice
   CHECK(trainer.training_contexts().size() == windows.size());
+
+  // A mode passed in overrides the training mode: what a trainer of that mode scores.
+  auto decode_opt = opt;
+  decode_opt.mode = dc::EvictionMode::decode;
+  decode_opt.chunk = 2;
+  opt.chunk = 2;
+  dc::ReinforceTrainer<dc::cpu, float> prefill_trainer(model, policy, opt, windows);
+  dc::ReinforceTrainer<dc::cpu, float> decode_trainer(model, policy, decode_opt, windows);
+  const auto decoded = prefill_trainer.validate_policies({&h2o}, contexts, dc::EvictionMode::decode);
+  CHECK(decoded[0] == decode_trainer.validate_policy(h2o, contexts));
+  CHECK(decoded[0] != prefill_trainer.validate_policy(h2o, contexts));  // decode mode evicted more
 }
 
 TEST_CASE("compass search: finds a quadratic's minimum to within its last step and never goes uphill") {

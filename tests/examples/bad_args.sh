@@ -27,6 +27,8 @@ model=${4:-${DC_SMOLLM2_GGUF:-${XDG_CACHE_HOME:-$HOME/.cache}/distillcache/SmolL
 if [ -f "$model" ]; then model=$(realpath "$model"); else model=""; fi
 train_bin=${DC_TRAIN_BIN:+$(realpath "$DC_TRAIN_BIN")}
 infer_bin=${DC_INFER_BIN:+$(realpath "$DC_INFER_BIN")}
+# A trained MLP policy (32, 32 SiLU: not a linear correction).
+policy_file=$(realpath "$(dirname "$0")/../../bench/results/policies/smollm2-v2-32x32-silu.dcpolicy")
 for f in "$generate" "$eval_bin"; do
   [ -x "$f" ] || { echo "bad_args: $f is not an executable" >&2; exit 1; }
 done
@@ -314,6 +316,10 @@ if [ -n "$train_bin" ]; then
   bad "train: --text too short"           train 1 "windows"              -- "${T[@]}" --text empty_txt --context 16 --continuation 4 --warmup 0
   bad "train: --lr NaN"                   train 2 "--lr"                 -- "${T[@]}" --lr nan
   bad "train: --task-solved-only alone"   train 1 "needs --tasks"        -- "${T[@]}" --task-solved-only
+  S=("${T[@]}" --search-rounds 2 --init-target none --activation relu --hidden 2)
+  bad "train: --search-modes alone"       train 1 "need --search-rounds" -- "${T[@]}" --search-modes prefill,decode
+  bad "train: --search-modes unknown"     train 1 "'sideways' is not prefill or decode" -- "${S[@]}" --search-modes prefill,sideways
+  bad "train: --search-from an MLP"       train 1 "is not a linear correction" -- "${S[@]}" --search-from "$policy_file"
 else
   skipped+=("train cases (DC_TRAIN_BIN unset)")
 fi

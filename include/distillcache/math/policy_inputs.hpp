@@ -113,7 +113,11 @@ DC_HD float h2o_score_from_inputs(float alpha_input, float position_input) {
 // 1e-30: finite, and tied with each other as H2O's zeros are.
 DC_HD_INLINE float h2o_base_score(float accumulated_mass) {
   constexpr float kFloor = 1e-30f;
-  return log_poly(accumulated_mass > kFloor ? accumulated_mass : kFloor);
+  // log(max(mass, floor)) written as a select after the logarithm: the same values, but GCC 12,
+  // knowing log_poly's argument was at least the floor, turned its selects into branches and
+  // left the scoring loop scalar (a third of a linear correction's scoring time).
+  const float log_mass = log_poly(accumulated_mass);
+  return accumulated_mass > kFloor ? log_mass : log_poly(kFloor);
 }
 
 }  // namespace dc::math

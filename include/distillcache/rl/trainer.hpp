@@ -25,6 +25,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -340,11 +341,13 @@ class ReinforceTrainer {
     return validate_policies({&policy}, contexts)[0];
   }
   // Several policies in one pass (one prefill and teacher per context for all): [policy][budget].
+  // `mode` overrides the training mode (a search may score prefill and decode mode alike).
   std::vector<std::vector<double>> validate_policies(const std::vector<EvictionPolicy*>& policies,
-                                                     const std::vector<TrainingContext>& contexts) {
+                                                     const std::vector<TrainingContext>& contexts,
+                                                     std::optional<EvictionMode> mode = std::nullopt) {
     std::vector<Budget> budgets;
     for (double f : opt_.budgets) budgets.push_back(budget_of(f));
-    FidelityEvaluator<B, W> eval(model_, policies, budgets, opt_.mode, {opt_.granularity});
+    FidelityEvaluator<B, W> eval(model_, policies, budgets, mode.value_or(opt_.mode), {opt_.granularity});
     for (std::size_t i = 0; i < contexts.size(); ++i) {
       check_context(contexts[i], "validation context " + std::to_string(i));
       eval.add_context(contexts[i].prompt, contexts[i].continuation, [](std::size_t) {});
