@@ -29,6 +29,13 @@ struct LinearSearchSettings {
   dc::CompassSearchOptions search;
 };
 
+// The modes a search's objective (and its validation) averages over: the given ones, or the
+// trainer's own mode (nullopt) when none are given.
+inline std::vector<std::optional<dc::EvictionMode>> objective_modes(const std::vector<dc::EvictionMode>& modes) {
+  if (modes.empty()) return {std::nullopt};
+  return {modes.begin(), modes.end()};
+}
+
 // Training windows for the objective (every (size / n)-th) and for the hold-out (the windows
 // half-way between those), disjoint as long as there are at least 2n of them.
 inline std::pair<std::vector<dc::TrainingContext>, std::vector<dc::TrainingContext>> split_search_windows(
@@ -40,8 +47,8 @@ inline std::pair<std::vector<dc::TrainingContext>, std::vector<dc::TrainingConte
            " held-out windows (need twice the larger)");
   std::vector<dc::TrainingContext> search, held;
   for (std::size_t i = 0; i < n; ++i) search.push_back(all[i * all.size() / n]);
-  // Odd multiples of size / (2 h) never meet a multiple of size / n when 2h and n divide evenly;
-  // the check below covers the rest.
+  // Odd multiples of size / (2 h) never meet a multiple of size / n when h is a multiple of n
+  // (n = h included); the check below covers the rest (and rounding).
   for (int i = 0; i < holdout; ++i) {
     const std::size_t at = (2 * std::size_t(i) + 1) * all.size() / (2 * std::size_t(holdout));
     held.push_back(all[at]);
@@ -49,7 +56,7 @@ inline std::pair<std::vector<dc::TrainingContext>, std::vector<dc::TrainingConte
   for (const auto& h : held)
     for (const auto& c : search)
       DC_CHECK(h.prompt != c.prompt, "--search-holdout ", holdout, " and --search-contexts ", contexts,
-               " pick the same window; choose a hold-out count that divides the search count or vice versa");
+               " pick the same window; choose a hold-out count that is a multiple of the search count");
   return {std::move(search), std::move(held)};
 }
 
@@ -91,9 +98,7 @@ dc::CompassSearchResult search_linear_correction(Trainer& trainer, dc::MlpPolicy
   const auto windows = split_search_windows(trainer.training_contexts(), s.contexts, s.holdout);
   const std::vector<dc::TrainingContext>& contexts = windows.first;
   const std::vector<dc::TrainingContext>& held = windows.second;
-  const std::vector<std::optional<dc::EvictionMode>> modes =
-      s.modes.empty() ? std::vector<std::optional<dc::EvictionMode>>{std::nullopt}
-                      : std::vector<std::optional<dc::EvictionMode>>(s.modes.begin(), s.modes.end());
+  const std::vector<std::optional<dc::EvictionMode>> modes = objective_modes(s.modes);
   const dc::MlpLayout& layout = policy.layout();
   dc::check_linear_layout(layout);
 

@@ -338,8 +338,7 @@ int main(int argc, char** argv) {
       // task samples' when there are any (the two weigh the same whatever their counts).
       // With --search-modes the text score averages those modes.
       std::string validation_detail;
-      std::vector<std::optional<dc::EvictionMode>> validation_modes(search.modes.begin(), search.modes.end());
-      if (validation_modes.empty()) validation_modes.push_back(std::nullopt);
+      const auto validation_modes = dc_examples::objective_modes(search.modes);
       auto validate = [&](dc::EvictionPolicy& scored) {
         double score = 0.0;
         char buf[128];

@@ -13,6 +13,7 @@
 
 #include <distillcache/distillcache.hpp>
 
+#include "../../examples/train/linear_search.hpp"
 #include "../support/byte_tokenizer.hpp"
 #include "../support/temp_dir.hpp"
 
@@ -629,6 +630,28 @@ TEST_CASE("validate_policies: several policies in one pass score what each score
   const auto decoded = prefill_trainer.validate_policies({&h2o}, contexts, dc::EvictionMode::decode);
   CHECK(decoded[0] == decode_trainer.validate_policy(h2o, contexts));
   CHECK(decoded[0] != prefill_trainer.validate_policy(h2o, contexts));  // decode mode evicted more
+}
+
+TEST_CASE("train --search-holdout: search and hold-out windows are disjoint, and too few are refused") {
+  std::vector<dc::TrainingContext> all;
+  for (int i = 0; i < 100; ++i) all.push_back({{i, i + 1}, {0, 1}});  // window i: prompt {i, i + 1}
+  for (const auto& counts : std::vector<std::pair<int, int>>{{16, 16}, {24, 24}, {8, 16}, {10, 0}, {7, 3}}) {
+    const int n = counts.first, h = counts.second;  // plain ints: clang 14 cannot capture bindings
+    CAPTURE(n);
+    CAPTURE(h);
+    const auto [search, held] = dc_examples::split_search_windows(all, n, h);
+    CHECK(search.size() == std::size_t(n));
+    CHECK(held.size() == std::size_t(h));
+    for (const auto& x : held)
+      for (const auto& c : search) CHECK(x.prompt != c.prompt);
+    for (std::size_t i = 1; i < held.size(); ++i) CHECK(held[i].prompt != held[i - 1].prompt);
+  }
+  CHECK_THROWS_WITH_AS(dc_examples::split_search_windows(all, 16, 60), doctest::Contains("too few"), dc::Error);
+  // Half as many held out as searched: the hold-out lands on every other search window.
+  CHECK_THROWS_WITH_AS(dc_examples::split_search_windows(all, 16, 8), doctest::Contains("the same window"), dc::Error);
+  CHECK(dc_examples::objective_modes({}).size() == 1);
+  CHECK(!dc_examples::objective_modes({})[0].has_value());
+  CHECK(dc_examples::objective_modes({dc::EvictionMode::prefill, dc::EvictionMode::decode}).size() == 2);
 }
 
 TEST_CASE("compass search: finds a quadratic's minimum to within its last step and never goes uphill") {
