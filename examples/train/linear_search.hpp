@@ -26,6 +26,10 @@ struct LinearSearchSettings {
   // Modes the objective averages over (each window scored in each); empty: the training mode.
   std::vector<dc::EvictionMode> modes;
   std::vector<float> start;  // the first point; empty: w = 0, the score base alone
+  // After the search: training windows (none of the search's) that score the pruning pass, which
+  // sets weights to 0 while that does not raise their KL (prune_linear_correction). 0: no pass.
+  int prune = 0;
+  std::vector<dc::TrainingContext> prune_windows;  // the pass's windows (prune_windows())
   dc::CompassSearchOptions search;
 };
 
@@ -34,6 +38,25 @@ struct LinearSearchSettings {
 inline std::vector<std::optional<dc::EvictionMode>> objective_modes(const std::vector<dc::EvictionMode>& modes) {
   if (modes.empty()) return {std::nullopt};
   return {modes.begin(), modes.end()};
+}
+
+// `count` training windows half-way between those every (size / count)-th would pick: the windows
+// at odd multiples of size / (2 count).
+inline std::vector<dc::TrainingContext> midpoint_windows(const std::vector<dc::TrainingContext>& all, int count) {
+  std::vector<dc::TrainingContext> out;
+  for (int i = 0; i < count; ++i) out.push_back(all[(2 * std::size_t(i) + 1) * all.size() / (2 * std::size_t(count))]);
+  return out;
+}
+
+// Refuses `other` windows (named by `option`) that coincide with any of the search's windows.
+inline void check_disjoint(const std::vector<dc::TrainingContext>& other, const std::vector<dc::TrainingContext>& search,
+                           const char* option, int count, int contexts) {
+  // Odd multiples of size / (2 h) never meet a multiple of size / n when h is a multiple of n
+  // (n = h included); this check covers the rest (and rounding).
+  for (const auto& h : other)
+    for (const auto& c : search)
+      DC_CHECK(h.prompt != c.prompt, option, " ", count, " and --search-contexts ", contexts,
+               " pick the same window; choose a count that is a multiple of the search count");
 }
 
 // Training windows for the objective (every (size / n)-th) and for the hold-out (the windows
@@ -45,19 +68,50 @@ inline std::pair<std::vector<dc::TrainingContext>, std::vector<dc::TrainingConte
   DC_CHECK(holdout == 0 || all.size() >= 2 * std::max(n, std::size_t(holdout)), "--search-holdout ", holdout,
            ": ", all.size(), " training windows are too few for ", n, " search and ", holdout,
            " held-out windows (need twice the larger)");
-  std::vector<dc::TrainingContext> search, held;
+  std::vector<dc::TrainingContext> search;
   for (std::size_t i = 0; i < n; ++i) search.push_back(all[i * all.size() / n]);
-  // Odd multiples of size / (2 h) never meet a multiple of size / n when h is a multiple of n
-  // (n = h included); the check below covers the rest (and rounding).
-  for (int i = 0; i < holdout; ++i) {
-    const std::size_t at = (2 * std::size_t(i) + 1) * all.size() / (2 * std::size_t(holdout));
-    held.push_back(all[at]);
-  }
-  for (const auto& h : held)
-    for (const auto& c : search)
-      DC_CHECK(h.prompt != c.prompt, "--search-holdout ", holdout, " and --search-contexts ", contexts,
-               " pick the same window; choose a hold-out count that is a multiple of the search count");
+  std::vector<dc::TrainingContext> held = midpoint_windows(all, holdout);
+  check_disjoint(held, search, "--search-holdout", holdout, contexts);
   return {std::move(search), std::move(held)};
+}
+
+// Whether `window` holds the first or the last `piece` tokens of `prompt` (so the two texts overlap
+// by at least `piece` tokens wherever `prompt` lies).
+inline bool holds_text_of(const dc::TrainingContext& window, const std::vector<std::int32_t>& prompt,
+                          std::size_t piece = 32) {
+  std::vector<std::int32_t> text = window.prompt;
+  text.insert(text.end(), window.continuation.begin(), window.continuation.end());
+  const std::size_t n = std::min(piece, prompt.size());
+  const auto found = [&](auto first) { return std::search(text.begin(), text.end(), first, first + std::ptrdiff_t(n)) != text.end(); };
+  return found(prompt.begin()) || found(prompt.end() - std::ptrdiff_t(n));
+}
+
+// Refuses a pruning pass on the training windows that `available` of them cannot serve.
+inline void check_prune_count(std::size_t available, int contexts, int prune) {
+  DC_CHECK(prune >= 1 && available >= 2 * std::size_t(std::max(prune, contexts)), "--search-prune ", prune, ": ",
+           available, " training windows are too few for it and ", contexts, " search windows (need twice the larger)");
+}
+
+// The windows the pruning pass scores on, none of the search's. From the training windows
+// (`pool` empty): `prune` midpoint windows, as the hold-out's. From `pool` (windows of another
+// length from the same training text, --search-prune-context): `prune` midpoint windows of those
+// that share no text with a search window.
+inline std::vector<dc::TrainingContext> prune_windows(const std::vector<dc::TrainingContext>& all, int contexts,
+                                                      int prune, const std::vector<dc::TrainingContext>& pool = {}) {
+  const auto search = split_search_windows(all, contexts, 0).first;
+  if (!pool.empty()) {
+    std::vector<dc::TrainingContext> apart;
+    for (const auto& w : pool)
+      if (std::none_of(search.begin(), search.end(), [&](const dc::TrainingContext& c) { return holds_text_of(w, c.prompt); }))
+        apart.push_back(w);
+    DC_CHECK(prune >= 1 && apart.size() >= std::size_t(prune), "--search-prune ", prune, ": only ", apart.size(),
+             " of the ", pool.size(), " --search-prune-context windows share no text with a search window");
+    return midpoint_windows(apart, prune);
+  }
+  check_prune_count(all.size(), contexts, prune);
+  std::vector<dc::TrainingContext> windows = midpoint_windows(all, prune);
+  check_disjoint(windows, search, "--search-prune", prune, contexts);
+  return windows;
 }
 
 // The linear correction a policy file carries, as weights for `inputs` (matched by name; an
@@ -89,6 +143,42 @@ inline std::vector<float> linear_weights_from(const std::string& path, const std
   return start;
 }
 
+// The mean KL over budgets and modes of each point's (linear weights') greedy keep-sets on
+// `windows`, all points scored in one pass per mode.
+template <class Trainer>
+std::vector<double> score_linear_points(Trainer& trainer, const dc::MlpPolicy& policy,
+                                        const std::vector<std::vector<float>>& points,
+                                        const std::vector<dc::TrainingContext>& windows,
+                                        const std::vector<std::optional<dc::EvictionMode>>& modes,
+                                        const char* progress_label = nullptr) {
+  std::vector<dc::MlpPolicy> candidates(points.size(), policy);
+  std::vector<dc::EvictionPolicy*> ptrs;
+  for (std::size_t p = 0; p < points.size(); ++p) {
+    const auto params = dc::linear_correction_params(policy.layout(), points[p]);
+    std::copy(params.begin(), params.end(), candidates[p].params().begin());
+    ptrs.push_back(&candidates[p]);
+  }
+  std::vector<double> f(points.size(), 0.0);
+  const auto start = std::chrono::steady_clock::now();
+  const std::size_t total = windows.size() * modes.size();
+  std::size_t done = 0;
+  // With a label: a progress line with an ETA after each window (a pass may take many minutes).
+  const auto progress = [&](std::size_t) {
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    ++done;
+    std::fprintf(stderr, "\r%s: %zu points, window %zu/%zu, %.0f s, ETA %.0f s   ", progress_label, points.size(), done,
+                 total, secs, secs / double(done) * double(total - done));
+    if (done == total) std::fprintf(stderr, "\n");
+  };
+  for (const auto& mode : modes) {
+    const auto kl = progress_label ? trainer.validate_policies(ptrs, windows, mode, progress)
+                                   : trainer.validate_policies(ptrs, windows, mode);
+    for (std::size_t p = 0; p < points.size(); ++p)
+      for (double x : kl[p]) f[p] += x / double(kl[p].size() * modes.size());
+  }
+  return f;
+}
+
 // Runs the search from s.start (w = 0 when empty) and leaves the chosen weights in policy: the
 // objective's minimum, or with a hold-out the visited point that scored best on it.
 template <class Trainer>
@@ -114,23 +204,9 @@ dc::CompassSearchResult search_linear_correction(Trainer& trainer, dc::MlpPolicy
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   };
   int evaluations = 0;
-  // The mean KL over budgets and modes of each point's greedy keep-sets on `windows`.
   const auto score = [&](const std::vector<std::vector<float>>& points,
                          const std::vector<dc::TrainingContext>& scored) {
-    std::vector<dc::MlpPolicy> candidates(points.size(), policy);
-    std::vector<dc::EvictionPolicy*> ptrs;
-    for (std::size_t p = 0; p < points.size(); ++p) {
-      const auto params = dc::linear_correction_params(layout, points[p]);
-      std::copy(params.begin(), params.end(), candidates[p].params().begin());
-      ptrs.push_back(&candidates[p]);
-    }
-    std::vector<double> f(points.size(), 0.0);
-    for (const auto& mode : modes) {
-      const auto kl = trainer.validate_policies(ptrs, scored, mode);
-      for (std::size_t p = 0; p < points.size(); ++p)
-        for (double x : kl[p]) f[p] += x / double(kl[p].size() * modes.size());
-    }
-    return f;
+    return score_linear_points(trainer, policy, points, scored, modes);
   };
   const auto evaluate = [&](const std::vector<std::vector<float>>& points) {
     evaluations += int(points.size());
@@ -181,6 +257,50 @@ dc::CompassSearchResult search_linear_correction(Trainer& trainer, dc::MlpPolicy
     result.value = kept_value;
   }
   const auto params = dc::linear_correction_params(layout, result.x);
+  std::copy(params.begin(), params.end(), policy.params().begin());
+  return result;
+}
+
+// train --search-prune: backward elimination (rl/backward_elimination.hpp) of the policy's
+// nonzero linear weights, each drop scored on s.prune_windows in the search's modes; leaves the kept weights in policy. One line per scored drop goes to log_path.
+template <class Trainer>
+dc::BackwardEliminationResult prune_linear_correction(Trainer& trainer, dc::MlpPolicy& policy,
+                                                      const LinearSearchSettings& s,
+                                                      const std::filesystem::path& log_path) {
+  const std::vector<dc::TrainingContext>& windows = s.prune_windows;
+  DC_CHECK(!windows.empty(), "train: the pruning pass has no windows");
+  const auto modes = objective_modes(s.modes);
+  const auto start = std::chrono::steady_clock::now();
+  const auto seconds = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  {
+    std::ofstream log(log_path);
+    log << "round,objective,dropped_input,objective_without,kept,seconds\n";
+    DC_CHECK(log, "--out: cannot write '", log_path.string(), "'");
+  }
+  std::fprintf(stderr, "train: pruning pass: each nonzero weight set to 0 in turn, scored on %zu other training "
+               "windows of %zu prompt tokens\n", windows.size(), windows.front().prompt.size());
+  const auto w0 = dc::linear_correction_weights(policy.layout(), policy.params());
+  const auto evaluate = [&](const std::vector<std::vector<float>>& points) {
+    return score_linear_points(trainer, policy, points, windows, modes, "prune");
+  };
+  const auto on_round = [&](const dc::BackwardEliminationStep& r) {
+    std::ofstream log(log_path, std::ios::app);
+    for (std::size_t j = 0; j < r.tried.size(); ++j) {
+      const char* name = dc::policy_input_name(policy.inputs()[r.tried[j]]);
+      const bool kept = r.kept == std::ptrdiff_t(j);
+      log << r.round << ',' << r.value << ',' << name << ',' << r.dropped[j] << ',' << (kept ? 1 : 0) << ','
+          << seconds() << '\n';
+      std::fprintf(stderr, "prune round %d  KL %.4f  without %-13s %.4f (%+.2f %%)%s\n", r.round, r.value, name,
+                   r.dropped[j], 100.0 * (r.dropped[j] / r.value - 1.0), kept ? "  dropped" : "");
+    }
+  };
+  dc::BackwardEliminationResult result = dc::backward_elimination(w0, evaluate, on_round);
+  std::fprintf(stderr, "train: pruning done: %zu weight%s set to 0, prune-window KL %.4f -> %.4f, %.0f s\n",
+               result.zeroed.size(), result.zeroed.size() == 1 ? "" : "s", result.start_value, result.value,
+               seconds());
+  const auto params = dc::linear_correction_params(policy.layout(), result.x);
   std::copy(params.begin(), params.end(), policy.params().begin());
   return result;
 }

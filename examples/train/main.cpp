@@ -12,7 +12,9 @@
 // correction w . inputs, and w is found by compass search on the greedy keep-sets' KL over
 // --search-contexts training windows (linear_search.hpp); OUT/search.dcpolicy is the result,
 // OUT/search_log.csv one line per round, and best.dcpolicy is replaced when it validates better.
-// --search-holdout, --search-modes and --search-from shape that search (linear_search.hpp).
+// --search-holdout, --search-modes and --search-from shape that search, and --search-prune
+// follows it with a pass that sets weights to 0 where other windows say they do not help
+// (linear_search.hpp).
 //
 // --tasks adds RULER-style task samples (rl/task_contexts.hpp) to the text windows, one task
 // context after each text window while they last: the query-aware prompt and the full-cache
@@ -67,7 +69,7 @@ int main(int argc, char** argv) {
   std::string search_modes_arg, search_from;
   std::uint64_t task_seed = 1;
   int validation_contexts = 4, validate_every = 20, checkpoint_every = 10, stop_after = 0,
-      max_train_contexts = 100000, window = 32, batch = 32;
+      max_train_contexts = 100000, window = 32, batch = 32, prune_context = 0;
   double recent_fraction = 0.0;
   std::string score_base_arg = "none";
   app.add_option("--model", model_path, "GGUF model file")->required();
@@ -142,6 +144,12 @@ int main(int argc, char** argv) {
                  "windows; 0 = keep the objective's minimum")->check(integer_in(0, 4096));
   app.add_option("--search-modes", search_modes_arg, "--search-rounds: modes the objective (and the "
                  "validation) averages over, e.g. prefill,decode (default: --mode)");
+  app.add_option("--search-prune", search.prune, "--search-rounds: after the search, set weights to 0 one "
+                 "at a time while that does not raise the KL on this many other training windows (a multiple "
+                 "of --search-contexts; 0 = no pruning)")->check(integer_in(0, 4096));
+  app.add_option("--search-prune-context", prune_context, "--search-prune: prompts of this many tokens for the "
+                 "pruning pass's windows, from the same training text (0 = --context): a term that helps only at "
+                 "the search's length is dropped")->check(integer_in(0, 1 << 20));
   app.add_option("--search-from", search_from, "--search-rounds: start from this policy file's linear "
                  "correction (weights matched by input name; inputs it lacks start at 0)");
   app.add_option("--score-base", score_base_arg, "none: the score is the MLP's output; h2o: log(H2O's "
@@ -203,8 +211,11 @@ int main(int argc, char** argv) {
         search.modes.push_back(name == "prefill" ? dc::EvictionMode::prefill : dc::EvictionMode::decode);
       }
     } else {
-      DC_CHECK(search_modes_arg.empty() && search_from.empty() && search.holdout == 0,
-               "--search-modes, --search-from and --search-holdout need --search-rounds");
+      DC_CHECK(search_modes_arg.empty() && search_from.empty() && search.holdout == 0 && search.prune == 0,
+               "--search-modes, --search-from, --search-holdout and --search-prune need --search-rounds");
+    }
+    if (search.prune == 0) {
+      DC_CHECK(prune_context == 0, "--search-prune-context needs --search-prune");
     }
     std::optional<dc::PolicyCheckpoint> resume;
     if (!resume_path.empty()) {
@@ -238,8 +249,25 @@ int main(int argc, char** argv) {
              validation_contexts, " held out for validation");
     std::vector<std::vector<std::int32_t>> validation(windows.begin(), windows.begin() + validation_contexts);
     windows.erase(windows.begin(), windows.begin() + validation_contexts);
+    // Too few windows for the pruning pass fail before any work (task prompts count at most once each).
+    if (search.prune > 0 && (prune_context == 0 || prune_context == opt.context))
+      dc_examples::check_prune_count(windows.size() + split_list(tasks_arg).size() * std::size_t(task_samples),
+                                     search.contexts, search.prune);
     std::fprintf(stderr, "train: %zu training and %zu validation windows of %d tokens from %s\n",
                  windows.size(), validation.size(), window_tokens, text_path.c_str());
+    std::vector<dc::TrainingContext> prune_pool;  // --search-prune-context's windows
+    if (prune_context > 0 && prune_context != opt.context) {
+      const int prune_tokens = prune_context + opt.continuation;
+      DC_CHECK(prune_tokens <= m.config.max_position, "--search-prune-context + --continuation = ", prune_tokens,
+               " exceeds the model's context of ", m.config.max_position);
+      // Windows of either length start at each file's beginning and leave out each file's tail,
+      // so a file holds no more long windows than short ones: the first validation_contexts long
+      // windows cover all the validation text, and skipping them keeps the pass off it.
+      auto longer = dc::token_windows(tokenizer, text_path, prune_tokens, validation_contexts + max_train_contexts);
+      longer.erase(longer.begin(), longer.begin() + std::min<std::ptrdiff_t>(validation_contexts, std::ptrdiff_t(longer.size())));
+      prune_pool = dc::split_windows(longer, prune_context, opt.continuation);
+      std::fprintf(stderr, "train: %zu windows of %d tokens for the pruning pass\n", prune_pool.size(), prune_tokens);
+    }
     // Every task prompt is built (and so every task name, length and input file checked) before
     // the model runs; their answers come from the model inside run().
     std::vector<dc::tasks::TaskPrompt> task_train_prompts, task_validation_prompts;
@@ -309,6 +337,9 @@ int main(int argc, char** argv) {
       const auto text_validation = dc::split_windows(validation, opt.context, opt.continuation);
       dc::ReinforceTrainer<dc::cpu, W> trainer(model, policy, opt, std::move(contexts));
       trainer.set_max_batch(std::size_t(batch));
+      if (search.prune > 0)  // chosen now, so that too few fail before the search's work
+        search.prune_windows = dc_examples::prune_windows(trainer.training_contexts(), search.contexts, search.prune,
+                                                          prune_pool);
       double best = INFINITY;
       if (resume) {
         trainer.restore_state(*resume);
@@ -408,6 +439,15 @@ int main(int argc, char** argv) {
                        {"from", search_from},
                        {"rounds", found.rounds}, {"evaluations", found.evaluations},
                        {"training_kl", found.value}, {"weights", found.x}};
+        if (search.prune > 0) {
+          const auto pruned = dc_examples::prune_linear_correction(trainer, policy, search,
+                                                                   fs::path(out_dir) / "prune_log.csv");
+          std::vector<std::string> zeroed;
+          for (std::size_t i : pruned.zeroed) zeroed.push_back(dc::policy_input_name(inputs[i]));
+          search_info["prune"] = {{"contexts", search.prune}, {"context", prune_context > 0 ? prune_context : opt.context},
+                                  {"zeroed", zeroed}, {"kl_before", pruned.start_value},
+                                  {"kl_after", pruned.value}, {"weights", pruned.x}};
+        }
         const double kl = validate(policy);
         std::fprintf(stderr, "train: searched policy, validation KL %.4f (%s); untrained %.4f\n", kl,
                      validation_detail.c_str(), untrained);

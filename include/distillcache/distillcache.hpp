@@ -41,6 +41,7 @@
 #include "policy/mlp_scoring.hpp"
 #include "policy/policy_inputs.hpp"
 #include "policy/registry.hpp"
+#include "rl/backward_elimination.hpp"
 #include "rl/compass_search.hpp"
 #include "rl/trainer.hpp"
 #include "rl/task_contexts.hpp"

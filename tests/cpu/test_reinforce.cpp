@@ -649,6 +649,15 @@ TEST_CASE("train --search-holdout: search and hold-out windows are disjoint, and
   CHECK_THROWS_WITH_AS(dc_examples::split_search_windows(all, 16, 60), doctest::Contains("too few"), dc::Error);
   // Half as many held out as searched: the hold-out lands on every other search window.
   CHECK_THROWS_WITH_AS(dc_examples::split_search_windows(all, 16, 8), doctest::Contains("the same window"), dc::Error);
+  // The pruning pass's windows follow the hold-out's rule: none of the search's, all distinct.
+  const auto search16 = dc_examples::split_search_windows(all, 16, 0).first;
+  const auto pruned = dc_examples::prune_windows(all, 16, 32);
+  CHECK(pruned.size() == 32);
+  for (const auto& x : pruned)
+    for (const auto& c : search16) CHECK(x.prompt != c.prompt);
+  for (std::size_t i = 1; i < pruned.size(); ++i) CHECK(pruned[i].prompt != pruned[i - 1].prompt);
+  CHECK_THROWS_WITH_AS(dc_examples::prune_windows(all, 16, 64), doctest::Contains("too few"), dc::Error);
+  CHECK_THROWS_WITH_AS(dc_examples::prune_windows(all, 16, 8), doctest::Contains("the same window"), dc::Error);
   CHECK(dc_examples::objective_modes({}).size() == 1);
   CHECK(!dc_examples::objective_modes({})[0].has_value());
   CHECK(dc_examples::objective_modes({dc::EvictionMode::prefill, dc::EvictionMode::decode}).size() == 2);
@@ -716,4 +725,56 @@ TEST_CASE("compass search: finds a quadratic's minimum to within its last step a
   opt.min_step = 0.1;
   const auto nan = [](const std::vector<std::vector<float>>& points) { return std::vector<double>(points.size(), NAN); };
   CHECK_THROWS_WITH_AS(dc::compass_search({0.0f}, opt, nan), doctest::Contains("the objective is nan"), dc::Error);
+}
+
+TEST_CASE("backward elimination: drops the weights whose removal does not raise f, best first, and stops") {
+  // f = (x0 - 1)^2 + x1^2 + (x3 - 2)^2 + 0 * x2 from (1, 0.5, 3, 2): dropping x1 lowers f by 0.25,
+  // dropping x2 leaves it as it is (a tie goes to the simpler point), x0 and x3 raise it.
+  const auto f = [](const std::vector<float>& x) {
+    const double a = x[0] - 1.0, b = x[1], d = x[3] - 2.0;
+    return a * a + b * b + d * d;
+  };
+  std::vector<std::size_t> sizes;
+  const auto evaluate = [&](const std::vector<std::vector<float>>& points) {
+    sizes.push_back(points.size());
+    std::vector<double> v;
+    for (const auto& p : points) v.push_back(f(p));
+    return v;
+  };
+  std::vector<dc::BackwardEliminationStep> steps;
+  const auto r = dc::backward_elimination({1.0f, 0.5f, 3.0f, 2.0f}, evaluate,
+                                          [&](const dc::BackwardEliminationStep& s) { steps.push_back(s); });
+  CHECK(r.x == std::vector<float>{1.0f, 0.0f, 0.0f, 2.0f});
+  CHECK(r.zeroed == std::vector<std::size_t>{1, 2});  // the larger gain first
+  CHECK(r.start_value == 0.25);
+  CHECK(r.value == 0.0);
+  CHECK(r.rounds == 3);  // drop x1, drop x2, then every drop raises f
+  CHECK(sizes == std::vector<std::size_t>{5, 3, 2});  // x0 and its 4 drops, then the drops alone
+  CHECK(r.evaluations == 10);
+  REQUIRE(steps.size() == 3);
+  CHECK(steps[0].tried == std::vector<std::size_t>{0, 1, 2, 3});
+  CHECK(steps[0].dropped == std::vector<double>{1.25, 0.0, 0.25, 4.25});
+  CHECK(steps[0].kept == 1);
+  CHECK(steps[1].kept == 1);  // x2 is second in {0, 2, 3}
+  CHECK(steps[2].value == 0.0);
+  CHECK(steps[2].kept == -1);
+
+  // Greedy drops until nothing is left: f = 0.1 x0^2 + 0.2 x1^2 is lowest at 0.
+  const auto bowl = [](const std::vector<std::vector<float>>& points) {
+    std::vector<double> v;
+    for (const auto& p : points) v.push_back(0.1 * p[0] * p[0] + 0.2 * p[1] * p[1]);
+    return v;
+  };
+  const auto all = dc::backward_elimination({1.0f, 1.0f}, bowl);
+  CHECK(all.x == std::vector<float>{0.0f, 0.0f});
+  CHECK(all.zeroed == std::vector<std::size_t>{1, 0});
+  CHECK(all.rounds == 2);
+  // Nothing to drop: x0 is scored alone.
+  const auto none = dc::backward_elimination({0.0f, 0.0f}, bowl);
+  CHECK(none.rounds == 0);
+  CHECK(none.evaluations == 1);
+  CHECK(none.value == 0.0);
+
+  const auto nan = [](const std::vector<std::vector<float>>& points) { return std::vector<double>(points.size(), NAN); };
+  CHECK_THROWS_WITH_AS(dc::backward_elimination({1.0f}, nan), doctest::Contains("the objective is nan"), dc::Error);
 }

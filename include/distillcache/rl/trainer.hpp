@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -341,16 +342,19 @@ class ReinforceTrainer {
     return validate_policies({&policy}, contexts)[0];
   }
   // Several policies in one pass (one prefill and teacher per context for all): [policy][budget].
-  // `mode` overrides the training mode (a search may score prefill and decode mode alike).
+  // `mode` overrides the training mode (a search may score prefill and decode mode alike);
+  // `progress`, when given, is called with the count of contexts done after each one.
   std::vector<std::vector<double>> validate_policies(const std::vector<EvictionPolicy*>& policies,
                                                      const std::vector<TrainingContext>& contexts,
-                                                     std::optional<EvictionMode> mode = std::nullopt) {
+                                                     std::optional<EvictionMode> mode = std::nullopt,
+                                                     const std::function<void(std::size_t)>& progress = {}) {
     std::vector<Budget> budgets;
     for (double f : opt_.budgets) budgets.push_back(budget_of(f));
     FidelityEvaluator<B, W> eval(model_, policies, budgets, mode.value_or(opt_.mode), {opt_.granularity});
     for (std::size_t i = 0; i < contexts.size(); ++i) {
       check_context(contexts[i], "validation context " + std::to_string(i));
       eval.add_context(contexts[i].prompt, contexts[i].continuation, [](std::size_t) {});
+      if (progress) progress(i + 1);
     }
     std::vector<std::vector<double>> kl(policies.size());
     for (std::size_t p = 0; p < policies.size(); ++p)
