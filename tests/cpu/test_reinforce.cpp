@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <numeric>
 #include <random>
+#include <set>
 #include <vector>
 
 #include <distillcache/distillcache.hpp>
@@ -658,6 +659,24 @@ TEST_CASE("train --search-holdout: search and hold-out windows are disjoint, and
   for (std::size_t i = 1; i < pruned.size(); ++i) CHECK(pruned[i].prompt != pruned[i - 1].prompt);
   CHECK_THROWS_WITH_AS(dc_examples::prune_windows(all, 16, 64), doctest::Contains("too few"), dc::Error);
   CHECK_THROWS_WITH_AS(dc_examples::prune_windows(all, 16, 8), doctest::Contains("the same window"), dc::Error);
+  // Windows of another length (--search-prune-context): those holding a search window's text are
+  // left out. Short window i is the text 4i .. 4i + 3; long window j the text 8j .. 8j + 7 (short
+  // windows 2j and 2j + 1).
+  std::vector<dc::TrainingContext> text, longer;
+  for (int i = 0; i < 100; ++i) text.push_back({{4 * i, 4 * i + 1, 4 * i + 2}, {4 * i + 3}});
+  for (int j = 0; j < 50; ++j) longer.push_back({{8 * j, 8 * j + 1, 8 * j + 2, 8 * j + 3, 8 * j + 4, 8 * j + 5}, {8 * j + 6, 8 * j + 7}});
+  const auto searched = dc_examples::split_search_windows(text, 16, 0).first;
+  std::set<int> touched;  // long windows a search window lies in
+  for (const auto& c : searched) touched.insert(c.prompt[0] / 8);
+  CHECK(dc_examples::holds_text_of(longer[0], searched[0].prompt));
+  const auto apart = dc_examples::prune_windows(text, 16, int(50 - touched.size()), longer);
+  CHECK(apart.size() == 50 - touched.size());  // every long window no search window lies in
+  for (const auto& w : apart) {
+    CHECK(touched.count(w.prompt[0] / 8) == 0);
+    for (const auto& c : searched) CHECK(!dc_examples::holds_text_of(w, c.prompt));
+  }
+  CHECK_THROWS_WITH_AS(dc_examples::prune_windows(text, 16, int(51 - touched.size()), longer),
+                       doctest::Contains("share no text with a search window"), dc::Error);
   CHECK(dc_examples::objective_modes({}).size() == 1);
   CHECK(!dc_examples::objective_modes({})[0].has_value());
   CHECK(dc_examples::objective_modes({dc::EvictionMode::prefill, dc::EvictionMode::decode}).size() == 2);
