@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "../core/error.hpp"
+#include "point_objective.hpp"
 
 namespace dc {
 
@@ -41,14 +42,10 @@ struct BackwardEliminationResult {
 // later calls get only the drops (f is deterministic, so the kept drop's value is f(x)).
 inline BackwardEliminationResult backward_elimination(
     std::vector<float> x0,
-    const std::function<std::vector<double>(const std::vector<std::vector<float>>&)>& evaluate,
+    const PointObjective& evaluate,
     const std::function<void(const BackwardEliminationStep&)>& on_round = {}) {
   const auto checked = [&](const std::vector<std::vector<float>>& points) {
-    std::vector<double> f = evaluate(points);
-    DC_CHECK(f.size() == points.size(), "backward elimination: ", f.size(), " values for ", points.size(),
-             " points");
-    for (double v : f) DC_CHECK(std::isfinite(v), "backward elimination: the objective is ", v);
-    return f;
+    return evaluate_points(evaluate, points, "backward elimination");
   };
   BackwardEliminationResult r;
   r.x = std::move(x0);

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "../core/error.hpp"
+#include "point_objective.hpp"
 
 namespace dc {
 
@@ -61,16 +62,12 @@ struct CompassSearchResult {
 // x0 alone. on_round(r) is called with round 0 (x0 and f(x0)), then after every round.
 inline CompassSearchResult compass_search(
     std::vector<float> x0, const CompassSearchOptions& opt,
-    const std::function<std::vector<double>(const std::vector<std::vector<float>>&)>& evaluate,
+    const PointObjective& evaluate,
     const std::function<void(const CompassSearchRound&)>& on_round = {}) {
   opt.validate();
   DC_CHECK(!x0.empty(), "compass search: no parameters");
   const auto checked = [&](const std::vector<std::vector<float>>& points) {
-    std::vector<double> f = evaluate(points);
-    DC_CHECK(f.size() == points.size(), "compass search: ", f.size(), " values for ", points.size(),
-             " points");
-    for (double v : f) DC_CHECK(std::isfinite(v), "compass search: the objective is ", v);
-    return f;
+    return evaluate_points(evaluate, points, "compass search");
   };
   CompassSearchResult r{x0, checked({x0})[0], 0, 1};
   double step = opt.step;
