@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -30,6 +31,13 @@ struct LinearSearchSettings {
   // sets weights to 0 while that does not raise their KL (prune_linear_correction). 0: no pass.
   int prune = 0;
   std::vector<dc::TrainingContext> prune_windows;  // the pass's windows (prune_windows())
+  // --search-balance: the objective of the search, its hold-out and its pruning pass becomes the
+  // mean over kinds (text windows, task prompts), budgets and modes of the KL relative to this
+  // policy's on the same windows (WindowObjective), and their windows are taken from each kind in
+  // proportion. Without it a kind with large KLs rules: a task prompt's KL under H2O is 1-2 nats,
+  // a text window's 0.1-0.3. Null: the plain mean KL.
+  std::shared_ptr<dc::EvictionPolicy> balance;
+  std::string balance_name;
   dc::CompassSearchOptions search;
 };
 
@@ -59,11 +67,35 @@ inline void check_disjoint(const std::vector<dc::TrainingContext>& other, const 
                " pick the same window; choose a count that is a multiple of the search count");
 }
 
+// The windows of each kind (TrainingContext::kind: text windows, task prompts), the kinds in the
+// order they first appear.
+inline std::vector<std::vector<dc::TrainingContext>> windows_by_kind(const std::vector<dc::TrainingContext>& all) {
+  std::vector<std::vector<dc::TrainingContext>> out;
+  for (const auto& w : all) {
+    const auto at = std::find_if(out.begin(), out.end(), [&](const auto& k) { return k.front().kind == w.kind; });
+    if (at == out.end())
+      out.push_back({w});
+    else
+      at->push_back(w);
+  }
+  return out;
+}
+
+// Part k's share of `count` split in proportion to the parts' sizes (the shares sum to count).
+inline int proportional_share(int count, const std::vector<std::vector<dc::TrainingContext>>& parts, std::size_t k) {
+  std::size_t total = 0, before = 0;
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    if (i < k) before += parts[i].size();
+    total += parts[i].size();
+  }
+  const auto upto = [&](std::size_t n) { return int(std::size_t(count) * n / total); };
+  return upto(before + parts[k].size()) - upto(before);
+}
+
 // Training windows for the objective (every (size / n)-th) and for the hold-out (the windows
 // half-way between those), disjoint as long as there are at least 2n of them.
-inline std::pair<std::vector<dc::TrainingContext>, std::vector<dc::TrainingContext>> split_search_windows(
+inline std::pair<std::vector<dc::TrainingContext>, std::vector<dc::TrainingContext>> split_evenly(
     const std::vector<dc::TrainingContext>& all, int contexts, int holdout) {
-  DC_CHECK(contexts >= 1 && holdout >= 0, "--search-contexts ", contexts, ", --search-holdout ", holdout);
   const std::size_t n = std::min(all.size(), std::size_t(contexts));
   DC_CHECK(holdout == 0 || all.size() >= 2 * std::max(n, std::size_t(holdout)), "--search-holdout ", holdout,
            ": ", all.size(), " training windows are too few for ", n, " search and ", holdout,
@@ -73,6 +105,41 @@ inline std::pair<std::vector<dc::TrainingContext>, std::vector<dc::TrainingConte
   std::vector<dc::TrainingContext> held = midpoint_windows(all, holdout);
   check_disjoint(held, search, "--search-holdout", holdout, contexts);
   return {std::move(search), std::move(held)};
+}
+
+// Kind by kind (--search-balance): each kind's share of `contexts` search windows, every
+// (size / n)-th of its windows, and its share of `others` windows (the hold-out's or the pruning
+// pass's), the midpoints of its windows that are not search windows: disjoint whatever the shares
+// (per kind the counts seldom divide each other, as split_evenly would need).
+inline std::pair<std::vector<dc::TrainingContext>, std::vector<dc::TrainingContext>> split_by_kind(
+    const std::vector<dc::TrainingContext>& all, int contexts, int others, const char* option) {
+  const auto kinds = windows_by_kind(all);
+  std::pair<std::vector<dc::TrainingContext>, std::vector<dc::TrainingContext>> out;
+  for (std::size_t k = 0; k < kinds.size(); ++k) {
+    const auto& kind = kinds[k];
+    const std::size_t n = std::min(kind.size(), std::size_t(proportional_share(contexts, kinds, k)));
+    const int h = proportional_share(others, kinds, k);
+    std::vector<bool> searched(kind.size(), false);
+    for (std::size_t i = 0; i < n; ++i) searched[i * kind.size() / n] = true;
+    std::vector<dc::TrainingContext> rest;
+    for (std::size_t i = 0; i < kind.size(); ++i) (searched[i] ? out.first : rest).push_back(kind[i]);
+    DC_CHECK(rest.size() >= std::size_t(h), option, " ", others, ": the ", kind.size(), " '", kind.front().kind,
+             "' windows are too few for its share of ", n, " search and ", h, " other windows");
+    const auto part = midpoint_windows(rest, h);
+    out.second.insert(out.second.end(), part.begin(), part.end());
+  }
+  return out;
+}
+
+// The search's and the hold-out's windows: split_evenly over all training windows, or, `by_kind`
+// (--search-balance), split_by_kind, so that every kind is in both whatever the order the trainer
+// interleaves them in (an even stride over alternating text windows and task prompts can pick
+// text alone).
+inline std::pair<std::vector<dc::TrainingContext>, std::vector<dc::TrainingContext>> split_search_windows(
+    const std::vector<dc::TrainingContext>& all, int contexts, int holdout, bool by_kind = false) {
+  DC_CHECK(contexts >= 1 && holdout >= 0, "--search-contexts ", contexts, ", --search-holdout ", holdout);
+  if (by_kind) return split_by_kind(all, contexts, holdout, "--search-holdout");
+  return split_evenly(all, contexts, holdout);
 }
 
 // Whether `window` holds the first or the last `piece` tokens of `prompt` (so the two texts overlap
@@ -93,12 +160,14 @@ inline void check_prune_count(std::size_t available, int contexts, int prune) {
 }
 
 // The windows the pruning pass scores on, none of the search's. From the training windows
-// (`pool` empty): `prune` midpoint windows, as the hold-out's. From `pool` (windows of another
-// length from the same training text, --search-prune-context): `prune` midpoint windows of those
-// that share no text with a search window.
+// (`pool` empty): `prune` midpoint windows, as the hold-out's (`by_kind`: of each kind, in
+// proportion, as split_search_windows). From `pool` (windows of another length from the same
+// training text, --search-prune-context): `prune` midpoint windows of those that share no text
+// with a search window.
 inline std::vector<dc::TrainingContext> prune_windows(const std::vector<dc::TrainingContext>& all, int contexts,
-                                                      int prune, const std::vector<dc::TrainingContext>& pool = {}) {
-  const auto search = split_search_windows(all, contexts, 0).first;
+                                                      int prune, const std::vector<dc::TrainingContext>& pool = {},
+                                                      bool by_kind = false) {
+  const auto search = split_search_windows(all, contexts, 0, by_kind).first;
   if (!pool.empty()) {
     std::vector<dc::TrainingContext> apart;
     for (const auto& w : pool)
@@ -109,6 +178,7 @@ inline std::vector<dc::TrainingContext> prune_windows(const std::vector<dc::Trai
     return midpoint_windows(apart, prune);
   }
   check_prune_count(all.size(), contexts, prune);
+  if (by_kind) return split_by_kind(all, contexts, prune, "--search-prune").second;
   std::vector<dc::TrainingContext> windows = midpoint_windows(all, prune);
   check_disjoint(windows, search, "--search-prune", prune, contexts);
   return windows;
@@ -143,13 +213,51 @@ inline std::vector<float> linear_weights_from(const std::string& path, const std
   return start;
 }
 
-// The mean KL over budgets and modes of each point's (linear weights') greedy keep-sets on
-// `windows`, all points scored in one pass per mode.
+// How a search scores points on a set of windows (its objective, its hold-out, its pruning pass).
+// Plain: the mean KL over windows, budgets and modes. Balanced (--search-balance): the mean over
+// kinds, budgets and modes of a kind's mean KL divided by the balance policy's on the same
+// windows, so that a kind of window or a budget whose KLs are small weighs as much as the others.
+struct WindowObjective {
+  std::vector<std::vector<dc::TrainingContext>> parts;  // all windows as one part, or one part per kind
+  std::vector<std::optional<dc::EvictionMode>> modes;
+  std::vector<std::vector<std::vector<double>>> scale;  // [mode][part][budget]: the divisor (1 when plain)
+  std::size_t windows() const {
+    std::size_t n = 0;
+    for (const auto& p : parts) n += p.size();
+    return n;
+  }
+};
+
+// The objective on `windows` for settings `s`: with s.balance, the balance policy is scored on
+// each kind's windows once here (a refusal names a kind and budget where its KL is 0 or not finite).
+template <class Trainer>
+WindowObjective window_objective(Trainer& trainer, const std::vector<dc::TrainingContext>& windows,
+                                 const LinearSearchSettings& s) {
+  WindowObjective o;
+  o.modes = objective_modes(s.modes);
+  o.parts = s.balance ? windows_by_kind(windows) : std::vector<std::vector<dc::TrainingContext>>{windows};
+  for (const auto& mode : o.modes) {
+    auto& scale = o.scale.emplace_back();
+    for (const auto& part : o.parts) {
+      if (!s.balance) {
+        scale.push_back(std::vector<double>(trainer.options().budgets.size(), 1.0));
+        continue;
+      }
+      scale.push_back(trainer.validate_policies({s.balance.get()}, part, mode)[0]);
+      for (std::size_t b = 0; b < scale.back().size(); ++b)
+        DC_CHECK(std::isfinite(scale.back()[b]) && scale.back()[b] > 0.0, "--search-balance ", s.balance_name,
+                 ": its KL on the ", part.size(), " '", part.front().kind, "' windows at budget ",
+                 trainer.options().budgets[b], " is ", scale.back()[b], "; the objective cannot be relative to it");
+    }
+  }
+  return o;
+}
+
+// Each point's (linear weights') objective on o's windows, all points scored in one pass per part
+// and mode.
 template <class Trainer>
 std::vector<double> score_linear_points(Trainer& trainer, const dc::MlpPolicy& policy,
-                                        const std::vector<std::vector<float>>& points,
-                                        const std::vector<dc::TrainingContext>& windows,
-                                        const std::vector<std::optional<dc::EvictionMode>>& modes,
+                                        const std::vector<std::vector<float>>& points, const WindowObjective& o,
                                         const char* progress_label = nullptr) {
   std::vector<dc::MlpPolicy> candidates(points.size(), policy);
   std::vector<dc::EvictionPolicy*> ptrs;
@@ -160,7 +268,7 @@ std::vector<double> score_linear_points(Trainer& trainer, const dc::MlpPolicy& p
   }
   std::vector<double> f(points.size(), 0.0);
   const auto start = std::chrono::steady_clock::now();
-  const std::size_t total = windows.size() * modes.size();
+  const std::size_t total = o.windows() * o.modes.size();
   std::size_t done = 0;
   // With a label: a progress line with an ETA after each window (a pass may take many minutes).
   const auto progress = [&](std::size_t) {
@@ -170,13 +278,33 @@ std::vector<double> score_linear_points(Trainer& trainer, const dc::MlpPolicy& p
                  total, secs, secs / double(done) * double(total - done));
     if (done == total) std::fprintf(stderr, "\n");
   };
-  for (const auto& mode : modes) {
-    const auto kl = progress_label ? trainer.validate_policies(ptrs, windows, mode, progress)
-                                   : trainer.validate_policies(ptrs, windows, mode);
-    for (std::size_t p = 0; p < points.size(); ++p)
-      for (double x : kl[p]) f[p] += x / double(kl[p].size() * modes.size());
-  }
+  for (std::size_t m = 0; m < o.modes.size(); ++m)
+    for (std::size_t q = 0; q < o.parts.size(); ++q) {
+      const auto kl = progress_label ? trainer.validate_policies(ptrs, o.parts[q], o.modes[m], progress)
+                                     : trainer.validate_policies(ptrs, o.parts[q], o.modes[m]);
+      for (std::size_t p = 0; p < points.size(); ++p)
+        for (std::size_t b = 0; b < kl[p].size(); ++b)
+          f[p] += kl[p][b] / o.scale[m][q][b] / double(kl[p].size() * o.parts.size() * o.modes.size());
+    }
   return f;
+}
+
+// Prints the balance policy's KL on each kind of the search's windows: what the objective's
+// ratios divide by.
+inline void report_balance(const WindowObjective& o, const std::string& name, const std::vector<double>& budgets) {
+  for (std::size_t m = 0; m < o.modes.size(); ++m)
+    for (std::size_t q = 0; q < o.parts.size(); ++q) {
+      std::string kl;
+      for (std::size_t b = 0; b < budgets.size(); ++b) {
+        char one[48];
+        std::snprintf(one, sizeof one, " %g: %.4f", budgets[b], o.scale[m][q][b]);
+        kl += one;
+      }
+      std::fprintf(stderr, "train: --search-balance: %s's KL on the %zu '%s' search windows%s%s (the objective is "
+                   "the mean KL relative to it, each kind and budget alike)\n", name.c_str(), o.parts[q].size(),
+                   o.parts[q].front().kind.c_str(), o.modes[m] ? (*o.modes[m] == dc::EvictionMode::prefill ? ", prefill" : ", decode") : "",
+                   kl.c_str());
+    }
 }
 
 // Runs the search from s.start (w = 0 when empty) and leaves the chosen weights in policy: the
@@ -185,10 +313,13 @@ template <class Trainer>
 dc::CompassSearchResult search_linear_correction(Trainer& trainer, dc::MlpPolicy& policy,
                                                  const LinearSearchSettings& s,
                                                  const std::filesystem::path& log_path) {
-  const auto windows = split_search_windows(trainer.training_contexts(), s.contexts, s.holdout);
+  const auto windows = split_search_windows(trainer.training_contexts(), s.contexts, s.holdout, bool(s.balance));
   const std::vector<dc::TrainingContext>& contexts = windows.first;
   const std::vector<dc::TrainingContext>& held = windows.second;
   const std::vector<std::optional<dc::EvictionMode>> modes = objective_modes(s.modes);
+  const WindowObjective objective = window_objective(trainer, contexts, s);
+  const WindowObjective holdout_objective = window_objective(trainer, held, s);
+  if (s.balance) report_balance(objective, s.balance_name, trainer.options().budgets);
   const dc::MlpLayout& layout = policy.layout();
   dc::check_linear_layout(layout);
 
@@ -204,20 +335,16 @@ dc::CompassSearchResult search_linear_correction(Trainer& trainer, dc::MlpPolicy
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   };
   int evaluations = 0;
-  const auto score = [&](const std::vector<std::vector<float>>& points,
-                         const std::vector<dc::TrainingContext>& scored) {
-    return score_linear_points(trainer, policy, points, scored, modes);
-  };
   const auto evaluate = [&](const std::vector<std::vector<float>>& points) {
     evaluations += int(points.size());
-    return score(points, contexts);
+    return score_linear_points(trainer, policy, points, objective);
   };
   std::vector<float> kept;  // with a hold-out: the visited point it scores best
   double kept_value = INFINITY, kept_holdout = INFINITY;
   const auto on_round = [&](const dc::CompassSearchRound& r) {
     double holdout = NAN;
     if (!held.empty()) {
-      holdout = score({r.x}, held)[0];
+      holdout = score_linear_points(trainer, policy, {r.x}, holdout_objective)[0];
       if (holdout < kept_holdout) {
         kept_holdout = holdout;
         kept_value = r.value;
@@ -269,7 +396,7 @@ dc::BackwardEliminationResult prune_linear_correction(Trainer& trainer, dc::MlpP
                                                       const std::filesystem::path& log_path) {
   const std::vector<dc::TrainingContext>& windows = s.prune_windows;
   DC_CHECK(!windows.empty(), "train: the pruning pass has no windows");
-  const auto modes = objective_modes(s.modes);
+  const WindowObjective objective = window_objective(trainer, windows, s);
   const auto start = std::chrono::steady_clock::now();
   const auto seconds = [&] {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -283,7 +410,7 @@ dc::BackwardEliminationResult prune_linear_correction(Trainer& trainer, dc::MlpP
                "windows of %zu prompt tokens\n", windows.size(), windows.front().prompt.size());
   const auto w0 = dc::linear_correction_weights(policy.layout(), policy.params());
   const auto evaluate = [&](const std::vector<std::vector<float>>& points) {
-    return score_linear_points(trainer, policy, points, windows, modes, "prune");
+    return score_linear_points(trainer, policy, points, objective, "prune");
   };
   const auto on_round = [&](const dc::BackwardEliminationStep& r) {
     std::ofstream log(log_path, std::ios::app);

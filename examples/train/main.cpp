@@ -150,6 +150,10 @@ int main(int argc, char** argv) {
   app.add_option("--search-prune-context", prune_context, "--search-prune: prompts of this many tokens for the "
                  "pruning pass's windows, from the same training text (0 = --context): a term that helps only at "
                  "the search's length is dropped")->check(integer_in(0, 1 << 20));
+  app.add_option("--search-balance", search.balance_name, "--search-rounds: the objective (and hold-out and "
+                 "pruning pass) is the mean over kinds of window (text, --tasks prompts), budgets and modes of "
+                 "the KL relative to this policy's on the same windows (e.g. h2o), and each kind gives "
+                 "search, hold-out and pruning windows in proportion to its count");
   app.add_option("--search-from", search_from, "--search-rounds: start from this policy file's linear "
                  "correction (weights matched by input name; inputs it lacks start at 0)");
   app.add_option("--score-base", score_base_arg, "none: the score is the MLP's output; h2o: log(H2O's "
@@ -210,9 +214,13 @@ int main(int argc, char** argv) {
         DC_CHECK(name == "prefill" || name == "decode", "--search-modes: '", name, "' is not prefill or decode");
         search.modes.push_back(name == "prefill" ? dc::EvictionMode::prefill : dc::EvictionMode::decode);
       }
+      if (!search.balance_name.empty())  // an unknown name fails here, before any work
+        search.balance = dc::make_policy(search.balance_name, opt.seed, DC_SHIPPED_POLICY);
     } else {
-      DC_CHECK(search_modes_arg.empty() && search_from.empty() && search.holdout == 0 && search.prune == 0,
-               "--search-modes, --search-from, --search-holdout and --search-prune need --search-rounds");
+      DC_CHECK(search_modes_arg.empty() && search_from.empty() && search.holdout == 0 && search.prune == 0 &&
+                   search.balance_name.empty(),
+               "--search-modes, --search-from, --search-holdout, --search-prune and --search-balance need "
+               "--search-rounds");
     }
     if (search.prune == 0) {
       DC_CHECK(prune_context == 0, "--search-prune-context needs --search-prune");
@@ -339,7 +347,7 @@ int main(int argc, char** argv) {
       trainer.set_max_batch(std::size_t(batch));
       if (search.prune > 0)  // chosen now, so that too few fail before the search's work
         search.prune_windows = dc_examples::prune_windows(trainer.training_contexts(), search.contexts, search.prune,
-                                                          prune_pool);
+                                                          prune_pool, bool(search.balance));
       double best = INFINITY;
       if (resume) {
         trainer.restore_state(*resume);
@@ -436,6 +444,7 @@ int main(int argc, char** argv) {
                        {"max_step", search.search.max_step}, {"expand", search.search.expand},
                        {"max_rounds", search.search.max_rounds}, {"min_improvement", search.search.min_improvement},
                        {"holdout", search.holdout}, {"modes", search_modes_arg.empty() ? mode_arg : search_modes_arg},
+                       {"balance", search.balance_name},
                        {"from", search_from},
                        {"rounds", found.rounds}, {"evaluations", found.evaluations},
                        {"training_kl", found.value}, {"weights", found.x}};

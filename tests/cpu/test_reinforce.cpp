@@ -797,3 +797,95 @@ TEST_CASE("backward elimination: drops the weights whose removal does not raise 
   const auto nan = [](const std::vector<std::vector<float>>& points) { return std::vector<double>(points.size(), NAN); };
   CHECK_THROWS_WITH_AS(dc::backward_elimination({1.0f}, nan), doctest::Contains("the objective is nan"), dc::Error);
 }
+
+TEST_CASE("train --search-balance: windows of each kind in proportion, the hold-out none of the search's") {
+  // 60 text windows and 30 task prompts, interleaved as the trainer does: a stride of 2 over them
+  // picks text only, the split by kind takes both.
+  std::vector<dc::TrainingContext> text, tasks;
+  for (int i = 0; i < 60; ++i) text.push_back({{i, i + 1}, {0, 1}});
+  for (int i = 0; i < 30; ++i) tasks.push_back({{1000 + i, 1}, {0, 1}, "task"});
+  const auto all = dc::interleave_contexts(text, tasks);
+  const auto count_tasks = [](const std::vector<dc::TrainingContext>& w) {
+    return std::count_if(w.begin(), w.end(), [](const dc::TrainingContext& c) { return c.kind == "task"; });
+  };
+  CHECK(count_tasks(dc_examples::split_search_windows(all, 45, 0).first) == 0);  // what the balance avoids
+  REQUIRE(dc_examples::windows_by_kind(all).size() == 2);
+  CHECK(dc_examples::windows_by_kind(all)[1].front().kind == "task");
+  for (const auto& counts : std::vector<std::pair<int, int>>{{30, 45}, {20, 32}, {7, 11}, {1, 0}}) {
+    const int n = counts.first, h = counts.second;
+    CAPTURE(n);
+    CAPTURE(h);
+    const auto [search, held] = dc_examples::split_search_windows(all, n, h, true);
+    CHECK(search.size() == std::size_t(n));
+    CHECK(held.size() == std::size_t(h));
+    // Shares in proportion (2 : 1): text floor(2 n / 3), the tasks the rest.
+    CHECK(count_tasks(search) == n - 2 * n / 3);
+    CHECK(count_tasks(held) == h - 2 * h / 3);
+    std::set<std::vector<std::int32_t>> seen;
+    for (const auto& c : search) CHECK(seen.insert(c.prompt).second);
+    for (const auto& c : held) CHECK(seen.insert(c.prompt).second);  // none of the search's, all distinct
+  }
+  CHECK_THROWS_WITH_AS(dc_examples::split_search_windows(all, 30, 61, true),
+                       doctest::Contains("'task' windows are too few"), dc::Error);
+  // The pruning pass by kind: the same rule.
+  const auto search = dc_examples::split_search_windows(all, 30, 0, true).first;
+  const auto pruned = dc_examples::prune_windows(all, 30, 30, {}, true);
+  CHECK(pruned.size() == 30);
+  CHECK(count_tasks(pruned) == 10);
+  for (const auto& x : pruned)
+    for (const auto& c : search) CHECK(x.prompt != c.prompt);
+}
+
+TEST_CASE("train --search-balance: the objective is the mean over kinds and budgets of the KL relative "
+          "to the balance policy's") {
+  dc::HfModel m = dc::load_hf_model(kFixtures + "/tiny_mistral");
+  dc::Transformer<dc::cpu> model(m.config, std::move(m.weights), 16);
+  const auto opt = tiny_options();
+  auto policy = dc::MlpPolicy::initialised(dc::paper_policy_inputs(), {2, 2}, 4, dc::Activation::relu);
+  policy.set_score_base(dc::ScoreBase::h2o);
+  dc::ReinforceTrainer<dc::cpu, float> trainer(model, policy, opt, random_windows(4, 46, 3));
+  auto windows = dc::split_windows(random_windows(5, 46, 7), opt.context, opt.continuation);
+  windows[1].kind = windows[3].kind = "task";
+  const std::vector<std::vector<float>> points = {{0.0f, 1.0f, 0.0f, 0.0f, 0.0f}, {-1.0f, 0.0f, 0.5f, 0.0f, 2.0f}};
+  std::vector<dc::MlpPolicy> candidates(points.size(), policy);
+  for (std::size_t p = 0; p < points.size(); ++p) {
+    const auto params = dc::linear_correction_params(policy.layout(), points[p]);
+    std::copy(params.begin(), params.end(), candidates[p].params().begin());
+  }
+  // Plain: the mean KL over all windows and the budgets.
+  dc_examples::LinearSearchSettings plain;
+  const auto plain_f = dc_examples::score_linear_points(trainer, policy, points,
+                                                        dc_examples::window_objective(trainer, windows, plain));
+  for (std::size_t p = 0; p < points.size(); ++p) {
+    const auto kl = trainer.validate_policy(candidates[p], windows);
+    CHECK(plain_f[p] == doctest::Approx((kl[0] + kl[1]) / 2.0).epsilon(1e-12));
+  }
+  // Balanced against H2O: each kind's KL per budget over H2O's on the same windows, then the mean.
+  dc_examples::LinearSearchSettings balanced;
+  balanced.balance = std::make_shared<dc::H2OPolicy>(0.5);
+  balanced.balance_name = "h2o";
+  const auto objective = dc_examples::window_objective(trainer, windows, balanced);
+  REQUIRE(objective.parts.size() == 2);
+  CHECK(objective.parts[0].size() == 3);
+  CHECK(objective.parts[1].size() == 2);
+  const auto f = dc_examples::score_linear_points(trainer, policy, points, objective);
+  std::vector<dc::TrainingContext> text_windows = {windows[0], windows[2], windows[4]}, task_windows = {windows[1], windows[3]};
+  const auto h2o_text = trainer.validate_policy(*balanced.balance, text_windows);
+  const auto h2o_task = trainer.validate_policy(*balanced.balance, task_windows);
+  for (std::size_t p = 0; p < points.size(); ++p) {
+    const auto t = trainer.validate_policy(candidates[p], text_windows);
+    const auto k = trainer.validate_policy(candidates[p], task_windows);
+    double expected = 0.0;
+    for (std::size_t b = 0; b < 2; ++b) expected += (t[b] / h2o_text[b] + k[b] / h2o_task[b]) / 4.0;
+    CHECK(f[p] == doctest::Approx(expected).epsilon(1e-12));
+  }
+  // A balance policy that the candidates equal scores 1 on every kind and budget.
+  const auto same = dc_examples::score_linear_points(trainer, policy, {points[0]},
+      dc_examples::window_objective(trainer, windows, [&] {
+        dc_examples::LinearSearchSettings s;
+        s.balance = std::make_shared<dc::MlpPolicy>(candidates[0]);
+        s.balance_name = "itself";
+        return s;
+      }()));
+  CHECK(same[0] == doctest::Approx(1.0).epsilon(1e-12));
+}

@@ -33,6 +33,7 @@ TrainingContext task_training_context(Transformer<B, W>& model, const tasks::Tas
                                       std::span<const std::int32_t> stop_tokens, int max_tokens) {
   DC_CHECK(max_tokens >= 2, "task training context: ", max_tokens, " answer tokens; need at least 2");
   TrainingContext c;
+  c.kind = "task";
   c.prompt = prompt.full_prompt();
   const int n = int(c.prompt.size());
   DC_CHECK(n > 0, "task training context: sample ", prompt.sample, " of ", prompt.task, " has an empty prompt");

@@ -136,6 +136,9 @@ struct TrainerOptions {
 // length and its continuation is the full-cache model's own answer (rl/task_contexts.hpp).
 struct TrainingContext {
   std::vector<std::int32_t> prompt, continuation;
+  // What the window is ("text", "task": rl/task_contexts.hpp): a search can weigh each kind alike
+  // however many windows it has (examples/train --search-balance). Training ignores it.
+  std::string kind = "text";
 };
 
 // Windows of context + continuation tokens, each split into its prompt and its continuation.
