@@ -38,6 +38,10 @@ struct LinearSearchSettings {
   // a text window's 0.1-0.3. Null: the plain mean KL.
   std::shared_ptr<dc::EvictionPolicy> balance;
   std::string balance_name;
+  // --search-worst-case: with a balance, the objective is the largest of those ratios, the kind and
+  // budget where the policy does worst against the balance policy, instead of their mean (a mean
+  // lets a large gain on one kind pay for a loss on another; the target is a ratio below 1 on all).
+  bool worst_case = false;
   dc::CompassSearchOptions search;
 };
 
@@ -216,11 +220,13 @@ inline std::vector<float> linear_weights_from(const std::string& path, const std
 // How a search scores points on a set of windows (its objective, its hold-out, its pruning pass).
 // Plain: the mean KL over windows, budgets and modes. Balanced (--search-balance): the mean over
 // kinds, budgets and modes of a kind's mean KL divided by the balance policy's on the same
-// windows, so that a kind of window or a budget whose KLs are small weighs as much as the others.
+// windows, so that a kind of window or a budget whose KLs are small weighs as much as the others;
+// with --search-worst-case the largest of those ratios.
 struct WindowObjective {
   std::vector<std::vector<dc::TrainingContext>> parts;  // all windows as one part, or one part per kind
   std::vector<std::optional<dc::EvictionMode>> modes;
   std::vector<std::vector<std::vector<double>>> scale;  // [mode][part][budget]: the divisor (1 when plain)
+  bool worst_case = false;  // the largest ratio instead of the mean (--search-worst-case)
   std::size_t windows() const {
     std::size_t n = 0;
     for (const auto& p : parts) n += p.size();
@@ -236,6 +242,7 @@ WindowObjective window_objective(Trainer& trainer, const std::vector<dc::Trainin
   WindowObjective o;
   o.modes = objective_modes(s.modes);
   o.parts = s.balance ? windows_by_kind(windows) : std::vector<std::vector<dc::TrainingContext>>{windows};
+  o.worst_case = s.worst_case;
   for (const auto& mode : o.modes) {
     auto& scale = o.scale.emplace_back();
     for (const auto& part : o.parts) {
@@ -284,7 +291,10 @@ std::vector<double> score_linear_points(Trainer& trainer, const dc::MlpPolicy& p
                                      : trainer.validate_policies(ptrs, o.parts[q], o.modes[m]);
       for (std::size_t p = 0; p < points.size(); ++p)
         for (std::size_t b = 0; b < kl[p].size(); ++b)
-          f[p] += kl[p][b] / o.scale[m][q][b] / double(kl[p].size() * o.parts.size() * o.modes.size());
+          if (o.worst_case)
+            f[p] = std::max(f[p], kl[p][b] / o.scale[m][q][b]);
+          else
+            f[p] += kl[p][b] / o.scale[m][q][b] / double(kl[p].size() * o.parts.size() * o.modes.size());
     }
   return f;
 }
@@ -301,7 +311,7 @@ inline void report_balance(const WindowObjective& o, const std::string& name, co
         kl += one;
       }
       std::fprintf(stderr, "train: --search-balance: %s's KL on the %zu '%s' search windows%s%s (the objective is "
-                   "the mean KL relative to it, each kind and budget alike)\n", name.c_str(), o.parts[q].size(),
+                   "the KL relative to it, each kind and budget alike)\n", name.c_str(), o.parts[q].size(),
                    o.parts[q].front().kind.c_str(), o.modes[m] ? (*o.modes[m] == dc::EvictionMode::prefill ? ", prefill" : ", decode") : "",
                    kl.c_str());
     }

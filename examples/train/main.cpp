@@ -154,6 +154,8 @@ int main(int argc, char** argv) {
                  "pruning pass) is the mean over kinds of window (text, --tasks prompts), budgets and modes of "
                  "the KL relative to this policy's on the same windows (e.g. h2o), and each kind gives "
                  "search, hold-out and pruning windows in proportion to its count");
+  app.add_flag("--search-worst-case", search.worst_case, "--search-balance: the objective is the largest of the "
+               "ratios (the worst kind, budget and mode against the balance policy), not their mean");
   app.add_option("--search-from", search_from, "--search-rounds: start from this policy file's linear "
                  "correction (weights matched by input name; inputs it lacks start at 0)");
   app.add_option("--score-base", score_base_arg, "none: the score is the MLP's output; h2o: log(H2O's "
@@ -216,6 +218,8 @@ int main(int argc, char** argv) {
       }
       if (!search.balance_name.empty())  // an unknown name fails here, before any work
         search.balance = dc::make_policy(search.balance_name, opt.seed, DC_SHIPPED_POLICY);
+      DC_CHECK(!search.worst_case || search.balance, "--search-worst-case takes the largest ratio to the "
+               "--search-balance policy: give --search-balance");
     } else {
       DC_CHECK(search_modes_arg.empty() && search_from.empty() && search.holdout == 0 && search.prune == 0 &&
                    search.balance_name.empty(),
@@ -444,7 +448,7 @@ int main(int argc, char** argv) {
                        {"max_step", search.search.max_step}, {"expand", search.search.expand},
                        {"max_rounds", search.search.max_rounds}, {"min_improvement", search.search.min_improvement},
                        {"holdout", search.holdout}, {"modes", search_modes_arg.empty() ? mode_arg : search_modes_arg},
-                       {"balance", search.balance_name},
+                       {"balance", search.balance_name}, {"worst_case", search.worst_case},
                        {"from", search_from},
                        {"rounds", found.rounds}, {"evaluations", found.evaluations},
                        {"training_kl", found.value}, {"weights", found.x}};

@@ -872,12 +872,21 @@ TEST_CASE("train --search-balance: the objective is the mean over kinds and budg
   std::vector<dc::TrainingContext> text_windows = {windows[0], windows[2], windows[4]}, task_windows = {windows[1], windows[3]};
   const auto h2o_text = trainer.validate_policy(*balanced.balance, text_windows);
   const auto h2o_task = trainer.validate_policy(*balanced.balance, task_windows);
+  // --search-worst-case: the largest of the same ratios.
+  balanced.worst_case = true;
+  const auto worst = dc_examples::score_linear_points(trainer, policy, points,
+                                                      dc_examples::window_objective(trainer, windows, balanced));
   for (std::size_t p = 0; p < points.size(); ++p) {
     const auto t = trainer.validate_policy(candidates[p], text_windows);
     const auto k = trainer.validate_policy(candidates[p], task_windows);
-    double expected = 0.0;
-    for (std::size_t b = 0; b < 2; ++b) expected += (t[b] / h2o_text[b] + k[b] / h2o_task[b]) / 4.0;
+    double expected = 0.0, largest = 0.0;
+    for (std::size_t b = 0; b < 2; ++b) {
+      expected += (t[b] / h2o_text[b] + k[b] / h2o_task[b]) / 4.0;
+      largest = std::max({largest, t[b] / h2o_text[b], k[b] / h2o_task[b]});
+    }
     CHECK(f[p] == doctest::Approx(expected).epsilon(1e-12));
+    CHECK(worst[p] == doctest::Approx(largest).epsilon(1e-12));
+    CHECK(worst[p] > f[p]);  // the ratios differ, so the largest is above their mean
   }
   // A balance policy that the candidates equal scores 1 on every kind and budget.
   const auto same = dc_examples::score_linear_points(trainer, policy, {points[0]},

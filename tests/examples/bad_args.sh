@@ -322,6 +322,7 @@ if [ -n "$train_bin" ]; then
   bad "train: --search-from an MLP"       train 1 "is not a linear correction" -- "${S[@]}" --search-from "$policy_file"
   bad "train: --search-prune-context alone" train 1 "needs --search-prune" -- "${S[@]}" --search-prune-context 64
   bad "train: --search-balance unknown"   train 1 "unknown policy 'lru'" -- "${S[@]}" --search-balance lru
+  bad "train: --search-worst-case alone" train 1 "give --search-balance" -- "${S[@]}" --search-worst-case
   if needs_model "train: --search-prune too many"; then  # checked before the search's work
     bad "train: --search-prune too many (SmolLM2)" train 1 "too few for it" -- --model "$model" --out run \
       --search-rounds 2 --init-target none --activation relu --hidden 2 --text words --context 8 --continuation 2 \
