@@ -222,9 +222,9 @@ int main(int argc, char** argv) {
                "--search-balance policy: give --search-balance");
     } else {
       DC_CHECK(search_modes_arg.empty() && search_from.empty() && search.holdout == 0 && search.prune == 0 &&
-                   search.balance_name.empty(),
-               "--search-modes, --search-from, --search-holdout, --search-prune and --search-balance need "
-               "--search-rounds");
+                   search.balance_name.empty() && !search.worst_case,
+               "--search-modes, --search-from, --search-holdout, --search-prune, --search-balance and "
+               "--search-worst-case need --search-rounds");
     }
     if (search.prune == 0) {
       DC_CHECK(prune_context == 0, "--search-prune-context needs --search-prune");

@@ -409,6 +409,7 @@ TEST_CASE("a task context's continuation is the full-cache model's greedy answer
   // (the oracle runs the whole sequence at once, in chunks, rather than token by token).
   const dc::TrainingContext free = dc::task_training_context(model, prompt, {}, 6);
   CHECK(free.prompt == prompt.full_prompt());
+  CHECK(free.kind == "task");  // what --search-balance weighs apart from text windows ("text")
   REQUIRE(free.continuation.size() == 6);
   std::vector<std::int32_t> all = free.prompt;
   all.insert(all.end(), free.continuation.begin(), free.continuation.end() - 1);
