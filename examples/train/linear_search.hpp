@@ -171,8 +171,8 @@ inline void check_prune_count(std::size_t available, int contexts, int prune) {
 inline std::vector<dc::TrainingContext> prune_windows(const std::vector<dc::TrainingContext>& all, int contexts,
                                                       int prune, const std::vector<dc::TrainingContext>& pool = {},
                                                       bool by_kind = false) {
-  const auto search = split_search_windows(all, contexts, 0, by_kind).first;
   if (!pool.empty()) {
+    const auto search = split_search_windows(all, contexts, 0, by_kind).first;
     std::vector<dc::TrainingContext> apart;
     for (const auto& w : pool)
       if (std::none_of(search.begin(), search.end(), [&](const dc::TrainingContext& c) { return holds_text_of(w, c.prompt); }))
@@ -184,7 +184,7 @@ inline std::vector<dc::TrainingContext> prune_windows(const std::vector<dc::Trai
   check_prune_count(all.size(), contexts, prune);
   if (by_kind) return split_by_kind(all, contexts, prune, "--search-prune").second;
   std::vector<dc::TrainingContext> windows = midpoint_windows(all, prune);
-  check_disjoint(windows, search, "--search-prune", prune, contexts);
+  check_disjoint(windows, split_search_windows(all, contexts, 0).first, "--search-prune", prune, contexts);
   return windows;
 }
 
@@ -227,6 +227,7 @@ struct WindowObjective {
   std::vector<std::optional<dc::EvictionMode>> modes;
   std::vector<std::vector<std::vector<double>>> scale;  // [mode][part][budget]: the divisor (1 when plain)
   bool worst_case = false;  // the largest ratio instead of the mean (--search-worst-case)
+  std::string what = "KL";  // what the value is, for progress lines: "KL", "KL/h2o", "max KL/h2o"
   std::size_t windows() const {
     std::size_t n = 0;
     for (const auto& p : parts) n += p.size();
@@ -243,6 +244,7 @@ WindowObjective window_objective(Trainer& trainer, const std::vector<dc::Trainin
   o.modes = objective_modes(s.modes);
   o.parts = s.balance ? windows_by_kind(windows) : std::vector<std::vector<dc::TrainingContext>>{windows};
   o.worst_case = s.worst_case;
+  if (s.balance) o.what = (s.worst_case ? "max KL/" : "KL/") + s.balance_name;
   for (const auto& mode : o.modes) {
     auto& scale = o.scale.emplace_back();
     for (const auto& part : o.parts) {
@@ -326,7 +328,6 @@ dc::CompassSearchResult search_linear_correction(Trainer& trainer, dc::MlpPolicy
   const auto windows = split_search_windows(trainer.training_contexts(), s.contexts, s.holdout, bool(s.balance));
   const std::vector<dc::TrainingContext>& contexts = windows.first;
   const std::vector<dc::TrainingContext>& held = windows.second;
-  const std::vector<std::optional<dc::EvictionMode>> modes = objective_modes(s.modes);
   const WindowObjective objective = window_objective(trainer, contexts, s);
   const WindowObjective holdout_objective = window_objective(trainer, held, s);
   if (s.balance) report_balance(objective, s.balance_name, trainer.options().budgets);
@@ -373,23 +374,23 @@ dc::CompassSearchResult search_linear_correction(Trainer& trainer, dc::MlpPolicy
     const double per_round = seconds() / double(std::max(r.round, 1));
     char held_out[48] = "";
     if (!held.empty()) std::snprintf(held_out, sizeof held_out, "  hold-out %.4f", holdout);
-    std::fprintf(stderr, "search round %3d/%d  step %.4f  KL %.4f%s%s  w%s  %.0f s  (at most %.0f s more)\n", r.round,
-                 s.search.max_rounds, r.step, r.value, held_out, r.moved ? " (moved)" : "        ", weights.c_str(),
+    std::fprintf(stderr, "search round %3d/%d  step %.4f  %s %.4f%s%s  w%s  %.0f s  (at most %.0f s more)\n", r.round,
+                 s.search.max_rounds, r.step, objective.what.c_str(), r.value, held_out, r.moved ? " (moved)" : "        ", weights.c_str(),
                  seconds(), per_round * double(s.search.max_rounds - r.round));
   };
   std::fprintf(stderr, "train: compass search over %zu weights on %zu training windows (%zu mode%s), %zu points a "
                "round; %zu held-out windows choose the result\n", policy.inputs().size(), contexts.size(),
-               modes.size(), modes.size() > 1 ? "s" : "", 2 * policy.inputs().size(), held.size());
+               objective.modes.size(), objective.modes.size() > 1 ? "s" : "", 2 * policy.inputs().size(), held.size());
   std::vector<float> x0 = s.start;
   if (x0.empty()) x0.assign(policy.inputs().size(), 0.0f);
   DC_CHECK(x0.size() == policy.inputs().size(), "--search-from: ", x0.size(), " weights for ",
            policy.inputs().size(), " inputs");
   dc::CompassSearchResult result = dc::compass_search(x0, s.search, evaluate, on_round);
-  std::fprintf(stderr, "train: search done: %d rounds, %d evaluations, training-window KL %.4f, %.0f s\n",
-               result.rounds, result.evaluations, result.value, seconds());
+  std::fprintf(stderr, "train: search done: %d rounds, %d evaluations, training-window %s %.4f, %.0f s\n",
+               result.rounds, result.evaluations, objective.what.c_str(), result.value, seconds());
   if (!held.empty() && kept != result.x) {
-    std::fprintf(stderr, "train: the hold-out keeps an earlier point: training-window KL %.4f, hold-out %.4f\n",
-                 kept_value, kept_holdout);
+    std::fprintf(stderr, "train: the hold-out keeps an earlier point: training-window %s %.4f, hold-out %.4f\n",
+                 objective.what.c_str(), kept_value, kept_holdout);
     result.x = kept;
     result.value = kept_value;
   }
@@ -429,13 +430,15 @@ dc::BackwardEliminationResult prune_linear_correction(Trainer& trainer, dc::MlpP
       const bool kept = r.kept == std::ptrdiff_t(j);
       log << r.round << ',' << r.value << ',' << name << ',' << r.dropped[j] << ',' << (kept ? 1 : 0) << ','
           << seconds() << '\n';
-      std::fprintf(stderr, "prune round %d  KL %.4f  without %-13s %.4f (%+.2f %%)%s\n", r.round, r.value, name,
+      std::fprintf(stderr, "prune round %d  %s %.4f  without %-13s %.4f (%+.2f %%)%s\n", r.round,
+                   objective.what.c_str(), r.value, name,
                    r.dropped[j], 100.0 * (r.dropped[j] / r.value - 1.0), kept ? "  dropped" : "");
     }
   };
   dc::BackwardEliminationResult result = dc::backward_elimination(w0, evaluate, on_round);
-  std::fprintf(stderr, "train: pruning done: %zu weight%s set to 0, prune-window KL %.4f -> %.4f, %.0f s\n",
-               result.zeroed.size(), result.zeroed.size() == 1 ? "" : "s", result.start_value, result.value,
+  std::fprintf(stderr, "train: pruning done: %zu weight%s set to 0, prune-window %s %.4f -> %.4f, %.0f s\n",
+               result.zeroed.size(), result.zeroed.size() == 1 ? "" : "s", objective.what.c_str(), result.start_value,
+               result.value,
                seconds());
   const auto params = dc::linear_correction_params(policy.layout(), result.x);
   std::copy(params.begin(), params.end(), policy.params().begin());

@@ -867,6 +867,8 @@ TEST_CASE("train --search-balance: the objective is the mean over kinds and budg
   balanced.balance_name = "h2o";
   const auto objective = dc_examples::window_objective(trainer, windows, balanced);
   REQUIRE(objective.parts.size() == 2);
+  CHECK(objective.what == "KL/h2o");  // what the progress lines call the value
+  CHECK(dc_examples::window_objective(trainer, windows, plain).what == "KL");
   CHECK(objective.parts[0].size() == 3);
   CHECK(objective.parts[1].size() == 2);
   const auto f = dc_examples::score_linear_points(trainer, policy, points, objective);
@@ -875,6 +877,7 @@ TEST_CASE("train --search-balance: the objective is the mean over kinds and budg
   const auto h2o_task = trainer.validate_policy(*balanced.balance, task_windows);
   // --search-worst-case: the largest of the same ratios.
   balanced.worst_case = true;
+  CHECK(dc_examples::window_objective(trainer, windows, balanced).what == "max KL/h2o");
   const auto worst = dc_examples::score_linear_points(trainer, policy, points,
                                                       dc_examples::window_objective(trainer, windows, balanced));
   for (std::size_t p = 0; p < points.size(); ++p) {
