@@ -512,6 +512,11 @@ std::vector<BadInput> bad_inputs(const dc_test::TempDir& tmp) {
   add("MlpPolicy::set_recent_fraction", "fraction 1", [&] {
     dc::MlpPolicy::initialised(dc::paper_policy_inputs(), {4}, 1).set_recent_fraction(1.0);
   }, "mlp policy: recent_fraction 1 outside [0, 1)");
+  add("MlpPolicy::set_newest_query_reserve", "reserve and recent window the whole budget", [&] {
+    auto policy = dc::MlpPolicy::initialised(dc::paper_policy_inputs(), {4}, 1);
+    policy.set_recent_fraction(0.5);
+    policy.set_newest_query_reserve(0.5);
+  }, "mlp policy: recent_fraction 0.5 plus newest_query_reserve 0.5 leave nothing of the budget to the MLP (their sum must be below 1)");
   add("MlpPolicy::from_checkpoint", "unknown score base", [&] {
     auto c = dc::MlpPolicy::initialised(dc::paper_policy_inputs(), {4}, 1).to_checkpoint();
     c.extra["score_base"] = "snapkv";

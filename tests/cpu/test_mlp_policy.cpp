@@ -367,6 +367,93 @@ TEST_CASE("layer_last_alpha: the newest query's mass averaged over a layer's KV 
   CHECK(dc::parse_policy_input("layer_last_alpha") == dc::PolicyInput::layer_last_alpha);
 }
 
+TEST_CASE("newest-query reserve: each group keeps the rows its layer's newest query attends to most") {
+  // Head granularity, 2 layers x 2 KV heads, 12 positions; head h of layer l holds every position
+  // but l + h + 3 (per-head keep-sets). H2O's mass falls with position; the newest query's mass
+  // of head h at p is m(l, h, p) below, so the layer's mean (the other head counts 0 where it
+  // evicted p) ranks positions differently from H2O's score.
+  dc::TokenFeatures f;
+  f.granularity = dc::Granularity::head;
+  f.latest_position = 11;
+  auto last = [](int l, int h, int p) { return float(((p * 7 + l * 3 + h * 5) % 11) + 1) / 100.0f; };
+  auto held = [](int l, int h, int p) { return p != l + h + 3; };
+  for (int l = 0; l < 2; ++l)
+    for (int h = 0; h < 2; ++h) {
+      const int begin = f.size;
+      for (int p = 0; p < 12; ++p) {
+        if (!held(l, h, p)) continue;
+        f.append_features(0.5f);
+        f.group.push_back(f.num_groups());
+        f.slot.push_back(f.size - begin);
+        f.position.push_back(p);
+        f.accumulated_mass.push_back(float(20 - p) / 10.0f);
+        f.last_query_mass.push_back(last(l, h, p));
+        f.key_norm.push_back(1.0f);
+        f.expected_attention.push_back(0.0f);
+        ++f.size;
+      }
+      f.groups.push_back({l, l + 1, h, h + 1, begin, f.size});
+    }
+  f.validate();
+  // H2O as a linear correction (every weight 0) with the newest quarter of the budget kept and a
+  // quarter reserved: at a budget of 8, rows 10 and 11 are recent and 2 more are reserved.
+  const std::vector<dc::PolicyInput> in = {dc::PolicyInput::alpha};
+  const dc::MlpLayout layout(1, {2}, dc::Activation::relu);
+  const std::vector<float> zero = {0.0f};
+  dc::MlpPolicy policy(in, layout, dc::linear_correction_params(layout, zero), 0);
+  policy.set_score_base(dc::ScoreBase::h2o);
+  policy.set_recent_fraction(0.25);
+  policy.set_newest_query_reserve(0.25);
+  CHECK(policy.reserve_tokens(8) == 2);
+  std::vector<float> scores(std::size_t(f.size));
+  policy.score(f, 8, scores);
+  for (int g = 0; g < f.num_groups(); ++g) {
+    const dc::FeatureGroup& grp = f.groups[std::size_t(g)];
+    // The oracle: the layer's mean newest-query mass per position from the formula, the two
+    // largest among the non-recent positions this head holds (ties to the newer position).
+    std::vector<std::pair<float, int>> ranked;
+    for (int p = 0; p < 10; ++p)
+      if (held(grp.layer_begin, grp.head_begin, p)) {
+        float sum = 0.0f;
+        for (int h = 0; h < 2; ++h)
+          if (held(grp.layer_begin, h, p)) sum += last(grp.layer_begin, h, p);
+        ranked.push_back({sum / 2.0f, p});
+      }
+    std::sort(ranked.begin(), ranked.end(), [](auto a, auto b) { return a.first != b.first ? a.first > b.first : a.second > b.second; });
+    for (int r = grp.row_begin; r < grp.row_end; ++r) {
+      const int p = f.position[std::size_t(r)];
+      const bool reserved = p == ranked[0].second || p == ranked[1].second;
+      CAPTURE(g);
+      CAPTURE(p);
+      if (p >= 10 || reserved)
+        CHECK(scores[std::size_t(r)] == INFINITY);
+      else
+        CHECK(scores[std::size_t(r)] == dc::math::h2o_base_score(f.accumulated_mass[std::size_t(r)]));
+    }
+  }
+  // Without the reserve the same policy is H2O with its window; with it, the keep-set at the
+  // budget holds the reserved rows although H2O's score ranks them lower.
+  dc::MlpPolicy plain = policy;
+  plain.set_newest_query_reserve(0.0);
+  std::vector<float> h2o(std::size_t(f.size));
+  plain.score(f, 8, h2o);
+  CHECK(std::count(h2o.begin(), h2o.end(), INFINITY) == 4 * 2);
+  CHECK(std::count(scores.begin(), scores.end(), INFINITY) == 4 * 4);
+  // A reserve larger than a group's non-recent rows raises all of them.
+  std::vector<float> all(std::size_t(f.size), 0.0f);
+  dc::reserve_newest_query_rows(f, 100, all);
+  CHECK(std::count(all.begin(), all.end(), INFINITY) == f.size);
+  // The checkpoint carries it; a file without it has none; impossible shares are refused.
+  CHECK(dc::MlpPolicy::from_checkpoint(policy.to_checkpoint()).newest_query_reserve() == 0.25);
+  CHECK(dc::MlpPolicy::from_checkpoint(plain.to_checkpoint()).newest_query_reserve() == 0.0);
+  CHECK_THROWS_WITH_AS(policy.set_newest_query_reserve(0.75), doctest::Contains("their sum must be below 1"), dc::Error);
+  CHECK_THROWS_WITH_AS(policy.set_recent_fraction(0.8), doctest::Contains("their sum must be below 1"), dc::Error);
+  CHECK_THROWS_WITH_AS(policy.set_newest_query_reserve(-0.1), doctest::Contains("outside [0, 1)"), dc::Error);
+  auto bad = policy.to_checkpoint();
+  bad.extra["newest_query_reserve"] = "half";
+  CHECK_THROWS_WITH_AS(dc::MlpPolicy::from_checkpoint(bad), doctest::Contains("'newest_query_reserve' is not a number"), dc::Error);
+}
+
 TEST_CASE("warm start targets: sums of inputs, H2O's score, and max: floors") {
   using dc::PolicyInput;
   const std::vector<PolicyInput> in = {PolicyInput::alpha, PolicyInput::position, PolicyInput::layer_last_alpha};

@@ -293,6 +293,24 @@ TEST_CASE("a recent window: the newest rows are kept without a choice and left o
   CHECK(dc::MlpPolicy::from_checkpoint(dc::MlpPolicy::initialised(dc::paper_policy_inputs(), {8}, 3)
                                            .to_checkpoint()).recent_fraction() == 0.0);
   CHECK_THROWS_WITH_AS(policy.set_recent_fraction(1.0), doctest::Contains("outside [0, 1)"), dc::Error);
+
+  // A newest-query reserve is forced the same way: its rows are kept and left out of the record.
+  policy.set_newest_query_reserve(0.25);
+  const int reserve = policy.reserve_tokens(budget);
+  CHECK(reserve == 2);
+  std::vector<float> reserved(std::size_t(f.size));
+  policy.score(f, budget, reserved);
+  dc::GumbelSelector with_reserve(policy, 9, 0);
+  const dc::KeepSets kept = with_reserve.select(f, reserved, budget, 0, 0);
+  const dc::SampledEviction& r = with_reserve.records().at(0);
+  CHECK(r.rows() == 4 * (30 - recent - reserve));
+  for (std::size_t g = 0; g < 4; ++g) {
+    CHECK(kept[g].size() == std::size_t(budget));
+    CHECK(r.picks.group(int(g)).size() == std::size_t(budget - recent - reserve));
+    for (int row = f.groups[g].row_begin; row < f.groups[g].row_end; ++row)
+      if (reserved[std::size_t(row)] == INFINITY)
+        CHECK(std::find(kept[g].begin(), kept[g].end(), f.slot[std::size_t(row)]) != kept[g].end());
+  }
 }
 
 TEST_CASE("future attention shares: what the continuation's queries paid each prompt row, per group") {

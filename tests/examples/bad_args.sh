@@ -316,6 +316,7 @@ if [ -n "$train_bin" ]; then
   bad "train: --text too short"           train 1 "windows"              -- "${T[@]}" --text empty_txt --context 16 --continuation 4 --warmup 0
   bad "train: --lr NaN"                   train 2 "--lr"                 -- "${T[@]}" --lr nan
   bad "train: --task-solved-only alone"   train 1 "needs --tasks"        -- "${T[@]}" --task-solved-only
+  bad "train: recent plus reserve >= 1"  train 1 "their sum must be below 1" -- "${T[@]}" --recent-fraction 0.5 --newest-query-reserve 0.5
   S=("${T[@]}" --search-rounds 2 --init-target none --activation relu --hidden 2)
   bad "train: --search-modes alone"       train 1 "need --search-rounds" -- "${T[@]}" --search-modes prefill,decode
   bad "train: --search-modes unknown"     train 1 "'sideways' is not prefill or decode" -- "${S[@]}" --search-modes prefill,sideways

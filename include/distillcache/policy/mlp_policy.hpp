@@ -9,6 +9,10 @@
 // structural prior rather than a learned one: H2O's recency window is measured in units of the
 // budget, which the scale-free inputs do not see.
 //
+// newest_query_reserve q (0 by default; policy/newest_query_reserve.hpp): of the rows the recent
+// window leaves, the floor(q * budget) that the layer's newest query attends to most are kept
+// too (TOVA's signal given a fixed share of the budget), and the MLP chooses the rest.
+//
 // score_base (none by default; policy/mlp_scoring.hpp): h2o makes the score log(H2O's
 // accumulated mass) + the MLP's output, a learned correction to H2O's ranking
 // (zero_output_layer() then gives H2O itself as the starting point of training).
@@ -33,6 +37,7 @@
 #include "../math/layer_budgets.hpp"
 #include "policy.hpp"
 #include "mlp_scoring.hpp"
+#include "newest_query_reserve.hpp"
 #include "policy_inputs.hpp"
 
 namespace dc {
@@ -103,6 +108,11 @@ class MlpPolicy final : public EvictionPolicy {
                "policy checkpoint: 'recent_fraction' is not a number");
       policy.set_recent_fraction(c.extra["recent_fraction"].get<double>());
     }
+    if (c.extra.contains("newest_query_reserve")) {
+      DC_CHECK(c.extra["newest_query_reserve"].is_number(),
+               "policy checkpoint: 'newest_query_reserve' is not a number");
+      policy.set_newest_query_reserve(c.extra["newest_query_reserve"].get<double>());
+    }
     return policy;
   }
 
@@ -115,6 +125,7 @@ class MlpPolicy final : public EvictionPolicy {
     c.weights = params_;
     c.extra["observation_window"] = window_;
     if (recent_fraction_ > 0.0) c.extra["recent_fraction"] = recent_fraction_;
+    if (reserve_fraction_ > 0.0) c.extra["newest_query_reserve"] = reserve_fraction_;
     if (score_base_ != ScoreBase::none) c.extra["score_base"] = score_base_name(score_base_);
     if (!layer_weights_.empty()) c.extra["layer_budget_weights"] = layer_weights_;
     return c;
@@ -131,10 +142,21 @@ class MlpPolicy final : public EvictionPolicy {
   void set_recent_fraction(double fraction) {
     DC_CHECK(std::isfinite(fraction) && fraction >= 0.0 && fraction < 1.0, "mlp policy: "
              "recent_fraction ", fraction, " outside [0, 1)");
+    check_forced_share(fraction, reserve_fraction_);
     recent_fraction_ = fraction;
   }
   // The newest positions always kept at a budget of `budget` slots per group.
   int recent_tokens(int budget) const { return int(recent_fraction_ * double(budget)); }
+
+  double newest_query_reserve() const { return reserve_fraction_; }
+  void set_newest_query_reserve(double fraction) {
+    DC_CHECK(std::isfinite(fraction) && fraction >= 0.0 && fraction < 1.0, "mlp policy: "
+             "newest_query_reserve ", fraction, " outside [0, 1)");
+    check_forced_share(recent_fraction_, fraction);
+    reserve_fraction_ = fraction;
+  }
+  // The rows kept for the newest query at a budget of `budget` slots per group.
+  int reserve_tokens(int budget) const { return int(reserve_fraction_ * double(budget)); }
 
   ScoreBase score_base() const { return score_base_; }
   void set_score_base(ScoreBase base) { score_base_ = base; }
@@ -170,14 +192,22 @@ class MlpPolicy final : public EvictionPolicy {
   void score_slots(const TokenFeatures& f, int budget, std::span<float> scores) override {
     // forward's bits, the recent window +inf (not scored at all where a tile is all recent)
     mlp_policy_scores(f, inputs_, budget, layout_, params_.data(), scores, recent_tokens(budget), score_base_);
+    reserve_newest_query_rows(f, reserve_tokens(budget), scores);
   }
 
  private:
+  // The recent window and the reserve are both taken out of the budget before the MLP chooses.
+  static void check_forced_share(double recent, double reserve) {
+    DC_CHECK(recent + reserve < 1.0, "mlp policy: recent_fraction ", recent, " plus newest_query_reserve ",
+             reserve, " leave nothing of the budget to the MLP (their sum must be below 1)");
+  }
+
   std::vector<PolicyInput> inputs_;
   MlpLayout layout_;
   std::vector<float> params_;
   int window_;
   double recent_fraction_ = 0.0;
+  double reserve_fraction_ = 0.0;
   ScoreBase score_base_ = ScoreBase::none;
   std::vector<double> layer_weights_;
   std::string name_;
