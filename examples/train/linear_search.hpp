@@ -194,7 +194,7 @@ inline std::vector<dc::TrainingContext> prune_windows(const std::vector<dc::Trai
 // loads, so a wrong file fails at once.
 inline std::vector<float> linear_weights_from(const std::string& path, const std::vector<dc::PolicyInput>& inputs,
                                               dc::ScoreBase score_base, double recent_fraction,
-                                              double newest_query_reserve) {
+                                              const std::vector<dc::SchedulePoint>& newest_query_reserve) {
   const dc::MlpPolicy from = dc::MlpPolicy::from_checkpoint(dc::load_policy_checkpoint(path));
   const auto& hidden = from.layout().hidden;
   DC_CHECK(from.layout().activation == dc::Activation::relu &&
@@ -208,8 +208,9 @@ inline std::vector<float> linear_weights_from(const std::string& path, const std
   DC_CHECK(from.score_base() == score_base && from.recent_fraction() == recent_fraction &&
                from.newest_query_reserve() == newest_query_reserve,
            "--search-from: '", path, "' has score base ", dc::score_base_name(from.score_base()), ", recent fraction ",
-           from.recent_fraction(), " and newest-query reserve ", from.newest_query_reserve(), "; this run has ",
-           dc::score_base_name(score_base), ", ", recent_fraction, " and ", newest_query_reserve);
+           from.recent_fraction(), " and newest-query reserve ", dc::describe_reserve_schedule(from.newest_query_reserve()),
+           "; this run has ", dc::score_base_name(score_base), ", ", recent_fraction, " and ",
+           dc::describe_reserve_schedule(newest_query_reserve));
   std::vector<float> start(inputs.size(), 0.0f);
   for (std::size_t i = 0; i < from.inputs().size(); ++i) {
     const auto at = std::find(inputs.begin(), inputs.end(), from.inputs()[i]);

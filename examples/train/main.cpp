@@ -70,7 +70,8 @@ int main(int argc, char** argv) {
   std::uint64_t task_seed = 1;
   int validation_contexts = 4, validate_every = 20, checkpoint_every = 10, stop_after = 0,
       max_train_contexts = 100000, window = 32, batch = 32, prune_context = 0;
-  double recent_fraction = 0.0, newest_query_reserve = 0.0;
+  double recent_fraction = 0.0;
+  std::string reserve_arg = "0";
   std::string score_base_arg = "none";
   app.add_option("--model", model_path, "GGUF model file")->required();
   app.add_option("--text", text_path, "training corpus: a .txt file or a folder of them");
@@ -118,9 +119,9 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember(kWeightDtypes));
   app.add_option("--recent-fraction", recent_fraction, "always keep the newest fraction of the budget "
                  "(as H2O keeps half); the MLP chooses the rest")->check(finite_number(0.0, 0.99));
-  app.add_option("--newest-query-reserve", newest_query_reserve, "also keep this fraction of the budget for "
-                 "the rows each layer's newest query attends to most (TOVA's signal; see docs/design.md)")
-      ->check(finite_number(0.0, 0.99));
+  app.add_option("--newest-query-reserve", reserve_arg, "also keep this share of the budget for the rows each "
+                 "layer's newest query attends to most (TOVA's signal; docs/design.md): one share (0.25) or shares "
+                 "by budget fraction, linear in between (0.125:0,0.25:0.25,0.5:0.375)");
   app.add_option("--temperature", opt.temperature, "sampling temperature: keep-sets are Plackett-Luce "
                  "samples of scores / T (below 1: closer to the greedy top-B deployed)")
       ->check(finite_number(1e-6, 1e6));
@@ -201,9 +202,10 @@ int main(int argc, char** argv) {
     std::vector<dc::PolicyInput> inputs;
     for (const auto& s : split_list(inputs_arg)) inputs.push_back(dc::parse_policy_input(s));
     const dc::ScoreBase score_base = dc::parse_score_base(score_base_arg);
-    DC_CHECK(recent_fraction + newest_query_reserve < 1.0, "--recent-fraction ", recent_fraction,
-             " plus --newest-query-reserve ", newest_query_reserve, " leave nothing of the budget to the policy "
-             "(their sum must be below 1)");
+    const std::vector<dc::SchedulePoint> newest_query_reserve = dc::parse_reserve_schedule(reserve_arg);
+    DC_CHECK(recent_fraction + dc::max_reserve_share(newest_query_reserve) < 1.0, "--recent-fraction ",
+             recent_fraction, " plus --newest-query-reserve ", reserve_arg, " leave nothing of the budget to the "
+             "policy (their sum must be below 1)");
     DC_CHECK(score_base == dc::ScoreBase::none || init_target == "none" || !resume_path.empty(),
              "--score-base ", score_base_arg, " starts from the base's own ranking (a zero output layer): "
              "give --init-target none, not '", init_target, "'");

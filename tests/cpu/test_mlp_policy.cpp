@@ -404,7 +404,7 @@ TEST_CASE("newest-query reserve: each group keeps the rows its layer's newest qu
   policy.set_score_base(dc::ScoreBase::h2o);
   policy.set_recent_fraction(0.25);
   policy.set_newest_query_reserve(0.25);
-  CHECK(policy.reserve_tokens(8) == 2);
+  CHECK(policy.reserve_tokens(8, 12) == 2);
   std::vector<float> scores(std::size_t(f.size));
   policy.score(f, 8, scores);
   for (int g = 0; g < f.num_groups(); ++g) {
@@ -444,14 +444,46 @@ TEST_CASE("newest-query reserve: each group keeps the rows its layer's newest qu
   dc::reserve_newest_query_rows(f, 100, all);
   CHECK(std::count(all.begin(), all.end(), INFINITY) == f.size);
   // The checkpoint carries it; a file without it has none; impossible shares are refused.
-  CHECK(dc::MlpPolicy::from_checkpoint(policy.to_checkpoint()).newest_query_reserve() == 0.25);
-  CHECK(dc::MlpPolicy::from_checkpoint(plain.to_checkpoint()).newest_query_reserve() == 0.0);
+  CHECK(dc::MlpPolicy::from_checkpoint(policy.to_checkpoint()).newest_query_reserve() ==
+        std::vector<dc::SchedulePoint>{{1.0, 0.25}});
+  CHECK(policy.to_checkpoint().extra["newest_query_reserve"] == 0.25);
+  CHECK(dc::MlpPolicy::from_checkpoint(plain.to_checkpoint()).newest_query_reserve().empty());
+  // A schedule by budget fraction: linear between its points, constant beyond them; it travels
+  // in the checkpoint as [fraction, share] pairs.
+  const auto schedule = dc::parse_reserve_schedule("0.125:0,0.25:0.25,0.5:0.375");
+  REQUIRE(schedule.size() == 3);
+  CHECK(dc::math::schedule_share(schedule, 0.0625) == 0.0);
+  CHECK(dc::math::schedule_share(schedule, 0.1875) == doctest::Approx(0.125));
+  CHECK(dc::math::schedule_share(schedule, 0.25) == 0.25);
+  CHECK(dc::math::schedule_share(schedule, 0.375) == doctest::Approx(0.3125));
+  CHECK(dc::math::schedule_share(schedule, 0.75) == 0.375);
+  dc::MlpPolicy scheduled = plain;
+  scheduled.set_newest_query_reserve(schedule);
+  CHECK(scheduled.reserve_tokens(128, 1024) == 0);
+  CHECK(scheduled.reserve_tokens(256, 1024) == 64);
+  CHECK(scheduled.reserve_tokens(512, 1024) == 192);
+  CHECK(dc::MlpPolicy::from_checkpoint(scheduled.to_checkpoint()).newest_query_reserve() == schedule);
+  CHECK(dc::describe_reserve_schedule(schedule) == "0.125:0,0.25:0.25,0.5:0.375");
+  CHECK(dc::describe_reserve_schedule(dc::parse_reserve_schedule("0.3")) == "0.3");
+  CHECK(dc::parse_reserve_schedule("0").empty());
+  {  // At 12 tokens and a budget of 8 (fraction 2/3) the schedule gives 0.375: 3 rows reserved.
+    std::vector<float> by_schedule(std::size_t(f.size));
+    scheduled.score(f, 8, by_schedule);
+    CHECK(std::count(by_schedule.begin(), by_schedule.end(), INFINITY) == 4 * (2 + 3));
+  }
+  CHECK_THROWS_WITH_AS(dc::parse_reserve_schedule("0.5:0.1,0.25:0.2"), doctest::Contains("must increase, 0.25 follows 0.5"), dc::Error);
+  CHECK_THROWS_WITH_AS(dc::parse_reserve_schedule("0.25:x"), doctest::Contains("'x' is not a number"), dc::Error);
+  CHECK_THROWS_WITH_AS(dc::parse_reserve_schedule("0.25:0.1,0.5"), doctest::Contains("is not FRACTION:SHARE"), dc::Error);
+  CHECK_THROWS_WITH_AS(dc::parse_reserve_schedule("1.5:0.1"), doctest::Contains("fraction 1.5 outside (0, 1]"), dc::Error);
+  CHECK_THROWS_WITH_AS(dc::parse_reserve_schedule("0.5:1"), doctest::Contains("share 1 outside [0, 1)"), dc::Error);
   CHECK_THROWS_WITH_AS(policy.set_newest_query_reserve(0.75), doctest::Contains("their sum must be below 1"), dc::Error);
   CHECK_THROWS_WITH_AS(policy.set_recent_fraction(0.8), doctest::Contains("their sum must be below 1"), dc::Error);
   CHECK_THROWS_WITH_AS(policy.set_newest_query_reserve(-0.1), doctest::Contains("outside [0, 1)"), dc::Error);
   auto bad = policy.to_checkpoint();
   bad.extra["newest_query_reserve"] = "half";
-  CHECK_THROWS_WITH_AS(dc::MlpPolicy::from_checkpoint(bad), doctest::Contains("'newest_query_reserve' is not a number"), dc::Error);
+  CHECK_THROWS_WITH_AS(dc::MlpPolicy::from_checkpoint(bad), doctest::Contains("neither a number nor"), dc::Error);
+  bad.extra["newest_query_reserve"] = nlohmann::json::array({nlohmann::json::array({0.5})});
+  CHECK_THROWS_WITH_AS(dc::MlpPolicy::from_checkpoint(bad), doctest::Contains("holds [0.5], not a [fraction, share] pair"), dc::Error);
 }
 
 TEST_CASE("warm start targets: sums of inputs, H2O's score, and max: floors") {

@@ -296,7 +296,7 @@ TEST_CASE("a recent window: the newest rows are kept without a choice and left o
 
   // A newest-query reserve is forced the same way: its rows are kept and left out of the record.
   policy.set_newest_query_reserve(0.25);
-  const int reserve = policy.reserve_tokens(budget);
+  const int reserve = policy.reserve_tokens(budget, 30);
   CHECK(reserve == 2);
   std::vector<float> reserved(std::size_t(f.size));
   policy.score(f, budget, reserved);

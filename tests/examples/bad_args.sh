@@ -317,6 +317,7 @@ if [ -n "$train_bin" ]; then
   bad "train: --lr NaN"                   train 2 "--lr"                 -- "${T[@]}" --lr nan
   bad "train: --task-solved-only alone"   train 1 "needs --tasks"        -- "${T[@]}" --task-solved-only
   bad "train: recent plus reserve >= 1"  train 1 "their sum must be below 1" -- "${T[@]}" --recent-fraction 0.5 --newest-query-reserve 0.5
+  bad "train: reserve schedule out of order" train 1 "must increase" -- "${T[@]}" --newest-query-reserve 0.5:0.1,0.25:0.2
   S=("${T[@]}" --search-rounds 2 --init-target none --activation relu --hidden 2)
   bad "train: --search-modes alone"       train 1 "need --search-rounds" -- "${T[@]}" --search-modes prefill,decode
   bad "train: --search-modes unknown"     train 1 "'sideways' is not prefill or decode" -- "${S[@]}" --search-modes prefill,sideways

@@ -9,9 +9,11 @@
 // structural prior rather than a learned one: H2O's recency window is measured in units of the
 // budget, which the scale-free inputs do not see.
 //
-// newest_query_reserve q (0 by default; policy/newest_query_reserve.hpp): of the rows the recent
-// window leaves, the floor(q * budget) that the layer's newest query attends to most are kept
-// too (TOVA's signal given a fixed share of the budget), and the MLP chooses the rest.
+// newest_query_reserve q (none by default; policy/newest_query_reserve.hpp): of the rows the
+// recent window leaves, the floor(q * budget) that the layer's newest query attends to most are
+// kept too (TOVA's signal given a share of the budget), and the MLP chooses the rest. q is one
+// share, or a schedule of shares by budget fraction (budget / context tokens; linear between
+// points, math/budget_schedule.hpp), since what it costs and buys depends on the budget.
 //
 // score_base (none by default; policy/mlp_scoring.hpp): h2o makes the score log(H2O's
 // accumulated mass) + the MLP's output, a learned correction to H2O's ranking
@@ -109,9 +111,21 @@ class MlpPolicy final : public EvictionPolicy {
       policy.set_recent_fraction(c.extra["recent_fraction"].get<double>());
     }
     if (c.extra.contains("newest_query_reserve")) {
-      DC_CHECK(c.extra["newest_query_reserve"].is_number(),
-               "policy checkpoint: 'newest_query_reserve' is not a number");
-      policy.set_newest_query_reserve(c.extra["newest_query_reserve"].get<double>());
+      // A number (one share) or [[fraction, share], ...] (a schedule).
+      const auto& r = c.extra["newest_query_reserve"];
+      std::vector<SchedulePoint> points;
+      if (r.is_number()) {
+        if (r.get<double>() != 0.0) points.push_back({1.0, r.get<double>()});
+      } else {
+        DC_CHECK(r.is_array() && !r.empty(), "policy checkpoint: 'newest_query_reserve' is neither a number nor "
+                 "a list of [fraction, share] pairs");
+        for (const auto& p : r) {
+          DC_CHECK(p.is_array() && p.size() == 2 && p[0].is_number() && p[1].is_number(), "policy checkpoint: "
+                   "'newest_query_reserve' holds ", p.dump(), ", not a [fraction, share] pair");
+          points.push_back({p[0].get<double>(), p[1].get<double>()});
+        }
+      }
+      policy.set_newest_query_reserve(std::move(points));
     }
     return policy;
   }
@@ -125,7 +139,12 @@ class MlpPolicy final : public EvictionPolicy {
     c.weights = params_;
     c.extra["observation_window"] = window_;
     if (recent_fraction_ > 0.0) c.extra["recent_fraction"] = recent_fraction_;
-    if (reserve_fraction_ > 0.0) c.extra["newest_query_reserve"] = reserve_fraction_;
+    if (reserve_.size() == 1 && reserve_[0].fraction == 1.0) {
+      c.extra["newest_query_reserve"] = reserve_[0].share;
+    } else if (!reserve_.empty()) {
+      c.extra["newest_query_reserve"] = nlohmann::json::array();
+      for (const SchedulePoint& p : reserve_) c.extra["newest_query_reserve"].push_back({p.fraction, p.share});
+    }
     if (score_base_ != ScoreBase::none) c.extra["score_base"] = score_base_name(score_base_);
     if (!layer_weights_.empty()) c.extra["layer_budget_weights"] = layer_weights_;
     return c;
@@ -142,21 +161,30 @@ class MlpPolicy final : public EvictionPolicy {
   void set_recent_fraction(double fraction) {
     DC_CHECK(std::isfinite(fraction) && fraction >= 0.0 && fraction < 1.0, "mlp policy: "
              "recent_fraction ", fraction, " outside [0, 1)");
-    check_forced_share(fraction, reserve_fraction_);
+    check_forced_share(fraction, max_reserve_share(reserve_));
     recent_fraction_ = fraction;
   }
   // The newest positions always kept at a budget of `budget` slots per group.
   int recent_tokens(int budget) const { return int(recent_fraction_ * double(budget)); }
 
-  double newest_query_reserve() const { return reserve_fraction_; }
-  void set_newest_query_reserve(double fraction) {
-    DC_CHECK(std::isfinite(fraction) && fraction >= 0.0 && fraction < 1.0, "mlp policy: "
-             "newest_query_reserve ", fraction, " outside [0, 1)");
-    check_forced_share(recent_fraction_, fraction);
-    reserve_fraction_ = fraction;
+  // The reserve's schedule (empty: none; one point at fraction 1: the same share at every budget).
+  const std::vector<SchedulePoint>& newest_query_reserve() const { return reserve_; }
+  void set_newest_query_reserve(double share) {
+    DC_CHECK(std::isfinite(share) && share >= 0.0 && share < 1.0, "mlp policy: "
+             "newest_query_reserve ", share, " outside [0, 1)");
+    set_newest_query_reserve(share == 0.0 ? std::vector<SchedulePoint>() : std::vector<SchedulePoint>{{1.0, share}});
   }
-  // The rows kept for the newest query at a budget of `budget` slots per group.
-  int reserve_tokens(int budget) const { return int(reserve_fraction_ * double(budget)); }
+  void set_newest_query_reserve(std::vector<SchedulePoint> points) {
+    check_reserve_schedule(points);
+    check_forced_share(recent_fraction_, max_reserve_share(points));
+    reserve_ = std::move(points);
+  }
+  // The rows kept for the newest query at a budget of `budget` slots per group when the context
+  // holds `tokens` (the budget's fraction picks the share).
+  int reserve_tokens(int budget, int tokens) const {
+    if (reserve_.empty() || tokens <= 0) return 0;
+    return int(math::schedule_share(reserve_, double(budget) / double(tokens)) * double(budget));
+  }
 
   ScoreBase score_base() const { return score_base_; }
   void set_score_base(ScoreBase base) { score_base_ = base; }
@@ -192,7 +220,7 @@ class MlpPolicy final : public EvictionPolicy {
   void score_slots(const TokenFeatures& f, int budget, std::span<float> scores) override {
     // forward's bits, the recent window +inf (not scored at all where a tile is all recent)
     mlp_policy_scores(f, inputs_, budget, layout_, params_.data(), scores, recent_tokens(budget), score_base_);
-    reserve_newest_query_rows(f, reserve_tokens(budget), scores);
+    reserve_newest_query_rows(f, reserve_tokens(budget, f.latest_position + 1), scores);
   }
 
  private:
@@ -207,7 +235,7 @@ class MlpPolicy final : public EvictionPolicy {
   std::vector<float> params_;
   int window_;
   double recent_fraction_ = 0.0;
-  double reserve_fraction_ = 0.0;
+  std::vector<SchedulePoint> reserve_;
   ScoreBase score_base_ = ScoreBase::none;
   std::vector<double> layer_weights_;
   std::string name_;

@@ -14,12 +14,87 @@
 #include <cmath>
 #include <cstdint>
 #include <span>
+#include <sstream>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "../cpu/parallel.hpp"
+#include "../math/budget_schedule.hpp"
 #include "policy_inputs.hpp"
 
 namespace dc {
+
+// A reserve's shares by budget fraction (math/budget_schedule.hpp): empty (no reserve), or
+// fractions strictly increasing in (0, 1] and shares in [0, 1). Throws naming the first problem.
+inline void check_reserve_schedule(std::span<const SchedulePoint> points) {
+  for (std::size_t i = 0; i < points.size(); ++i) {
+    const SchedulePoint p = points[i];
+    DC_CHECK(std::isfinite(p.fraction) && p.fraction > 0.0 && p.fraction <= 1.0, "newest-query reserve: budget "
+             "fraction ", p.fraction, " outside (0, 1]");
+    DC_CHECK(std::isfinite(p.share) && p.share >= 0.0 && p.share < 1.0, "newest-query reserve: share ", p.share,
+             " outside [0, 1)");
+    DC_CHECK(i == 0 || p.fraction > points[i - 1].fraction, "newest-query reserve: budget fractions must "
+             "increase, ", p.fraction, " follows ", points[i - 1].fraction);
+  }
+}
+
+inline double max_reserve_share(std::span<const SchedulePoint> points) {
+  double m = 0.0;
+  for (const SchedulePoint& p : points) m = std::max(m, p.share);
+  return m;
+}
+
+// The schedule as parse_reserve_schedule reads it: "0" (none), "0.25" (one share), or
+// "0.125:0,0.25:0.25" (points).
+inline std::string describe_reserve_schedule(std::span<const SchedulePoint> points) {
+  auto text = [](double v) {
+    std::ostringstream o;
+    o << v;
+    return o.str();
+  };
+  if (points.empty()) return "0";
+  if (points.size() == 1 && points[0].fraction == 1.0) return text(points[0].share);
+  std::string out;
+  for (const SchedulePoint& p : points) out += (out.empty() ? "" : ",") + text(p.fraction) + ":" + text(p.share);
+  return out;
+}
+
+// "0.25" (the same share at every budget) or "0.125:0,0.25:0.25,0.5:0.375" (budget fraction:share
+// points, linear in between). "0" is no reserve.
+inline std::vector<SchedulePoint> parse_reserve_schedule(std::string_view text) {
+  auto number = [&](std::string_view s) {
+    const std::string str(s);
+    std::size_t used = 0;
+    double v = 0.0;
+    try {
+      v = std::stod(str, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    DC_CHECK(used == str.size() && !str.empty(), "newest-query reserve '", std::string(text), "': '", str,
+             "' is not a number");
+    return v;
+  };
+  std::vector<SchedulePoint> points;
+  if (text.find(':') == std::string_view::npos) {
+    const double share = number(text);
+    if (share != 0.0) points.push_back({1.0, share});
+  } else {
+    std::size_t begin = 0;
+    while (begin <= text.size()) {
+      const std::size_t end = std::min(text.find(',', begin), text.size());
+      const std::string_view item = text.substr(begin, end - begin);
+      const std::size_t colon = item.find(':');
+      DC_CHECK(colon != std::string_view::npos, "newest-query reserve '", std::string(text), "': '",
+               std::string(item), "' is not FRACTION:SHARE");
+      points.push_back({number(item.substr(0, colon)), number(item.substr(colon + 1))});
+      begin = end + 1;
+    }
+  }
+  check_reserve_schedule(points);
+  return points;
+}
 
 // In every group of f, the `reserve` rows with the largest layer_last_query_mass among those
 // whose score is finite (rows already scored +inf, a recent window, are kept anyway) score

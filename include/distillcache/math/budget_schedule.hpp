@@ -1,0 +1,33 @@
+#pragma once
+// A share of the budget that depends on how large the budget is: the share at a budget fraction
+// (kept rows over the context's tokens) is piecewise linear between (fraction, share) points and
+// constant beyond the first and the last. The newest-query reserve uses it
+// (policy/newest_query_reserve.hpp): what a share of the budget costs in continuation KL and buys
+// in needles both depend on the budget (bench/results/README.md, "A reserve for the newest query").
+#include <cstddef>
+#include <span>
+
+namespace dc {
+
+struct SchedulePoint {
+  double fraction = 0.0;  // budget / context tokens
+  double share = 0.0;     // of the budget
+  bool operator==(const SchedulePoint&) const = default;
+};
+
+namespace math {
+
+// points: fractions strictly increasing (the caller checks); empty gives 0.
+inline double schedule_share(std::span<const SchedulePoint> points, double fraction) {
+  if (points.empty()) return 0.0;
+  if (fraction <= points.front().fraction) return points.front().share;
+  for (std::size_t i = 1; i < points.size(); ++i)
+    if (fraction <= points[i].fraction) {
+      const SchedulePoint a = points[i - 1], b = points[i];
+      return a.share + (b.share - a.share) * (fraction - a.fraction) / (b.fraction - a.fraction);
+    }
+  return points.back().share;
+}
+
+}  // namespace math
+}  // namespace dc
