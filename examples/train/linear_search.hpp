@@ -189,12 +189,12 @@ inline std::vector<dc::TrainingContext> prune_windows(const std::vector<dc::Trai
 }
 
 // The linear correction a policy file carries, as weights for `inputs` (matched by name; an
-// input the file lacks gets 0). The file must be a linear correction on the same score base with
-// the same recent fraction and newest-query reserve, or its weights would mean another ranking. Read before the model
-// loads, so a wrong file fails at once.
+// input the file lacks gets 0). The file must be a linear correction under the same forced rules
+// as `rules`, this run's policy (score base, recent window, newest-query reserve and layers), or
+// its weights would mean another ranking. Read before the model loads, so a wrong file fails at
+// once.
 inline std::vector<float> linear_weights_from(const std::string& path, const std::vector<dc::PolicyInput>& inputs,
-                                              dc::ScoreBase score_base, double recent_fraction,
-                                              const std::vector<dc::SchedulePoint>& newest_query_reserve) {
+                                              const dc::MlpPolicy& rules) {
   const dc::MlpPolicy from = dc::MlpPolicy::from_checkpoint(dc::load_policy_checkpoint(path));
   const auto& hidden = from.layout().hidden;
   DC_CHECK(from.layout().activation == dc::Activation::relu &&
@@ -205,12 +205,8 @@ inline std::vector<float> linear_weights_from(const std::string& path, const std
   const auto rebuilt = dc::linear_correction_params(from.layout(), w);
   DC_CHECK(std::equal(rebuilt.begin(), rebuilt.end(), from.params().begin()), "--search-from: '", path,
            "' is not a linear correction (a trained MLP; train --search-rounds writes them)");
-  DC_CHECK(from.score_base() == score_base && from.recent_fraction() == recent_fraction &&
-               from.newest_query_reserve() == newest_query_reserve,
-           "--search-from: '", path, "' has score base ", dc::score_base_name(from.score_base()), ", recent fraction ",
-           from.recent_fraction(), " and newest-query reserve ", dc::describe_reserve_schedule(from.newest_query_reserve()),
-           "; this run has ", dc::score_base_name(score_base), ", ", recent_fraction, " and ",
-           dc::describe_reserve_schedule(newest_query_reserve));
+  DC_CHECK(from.same_forced_rules(rules), "--search-from: '", path, "' has ", from.describe_forced_rules(),
+           "; this run has ", rules.describe_forced_rules());
   std::vector<float> start(inputs.size(), 0.0f);
   for (std::size_t i = 0; i < from.inputs().size(); ++i) {
     const auto at = std::find(inputs.begin(), inputs.end(), from.inputs()[i]);

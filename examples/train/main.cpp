@@ -72,6 +72,7 @@ int main(int argc, char** argv) {
       max_train_contexts = 100000, window = 32, batch = 32, prune_context = 0;
   double recent_fraction = 0.0;
   std::string reserve_arg = "0";
+  std::string newest_query_layers_arg, reserve_layers_arg;
   std::string score_base_arg = "none";
   app.add_option("--model", model_path, "GGUF model file")->required();
   app.add_option("--text", text_path, "training corpus: a .txt file or a folder of them");
@@ -122,6 +123,11 @@ int main(int argc, char** argv) {
   app.add_option("--newest-query-reserve", reserve_arg, "also keep this share of the budget for the rows each "
                  "layer's newest query attends to most (TOVA's signal; docs/design.md): one share (0.25) or shares "
                  "by budget fraction, linear in between (0.125:0,0.25:0.25,0.5:0.375)");
+  app.add_option("--newest-query-layers", newest_query_layers_arg, "layers whose whole budget goes to the rows "
+                 "the layer's newest query attends to most (TOVA's keep-set there; retrieval layers, e.g. 18-20 "
+                 "on SmolLM2; docs/design.md); a list of layers and FIRST-LAST ranges");
+  app.add_option("--newest-query-reserve-layers", reserve_layers_arg, "apply --newest-query-reserve in these "
+                 "layers only (a list of layers and FIRST-LAST ranges; default all)");
   app.add_option("--temperature", opt.temperature, "sampling temperature: keep-sets are Plackett-Luce "
                  "samples of scores / T (below 1: closer to the greedy top-B deployed)")
       ->check(finite_number(1e-6, 1e6));
@@ -203,6 +209,18 @@ int main(int argc, char** argv) {
     for (const auto& s : split_list(inputs_arg)) inputs.push_back(dc::parse_policy_input(s));
     const dc::ScoreBase score_base = dc::parse_score_base(score_base_arg);
     const std::vector<dc::SchedulePoint> newest_query_reserve = dc::parse_reserve_schedule(reserve_arg);
+    const std::vector<int> newest_query_layers = dc::parse_layer_list(newest_query_layers_arg);
+    const std::vector<int> reserve_layers = dc::parse_layer_list(reserve_layers_arg);
+    DC_CHECK(reserve_layers.empty() || !newest_query_reserve.empty(), "--newest-query-reserve-layers needs "
+             "--newest-query-reserve");
+    // The rows a policy of this run forces without a choice (set on the trained policy below).
+    auto apply_forced_rules = [&](dc::MlpPolicy& p) {
+      p.set_recent_fraction(recent_fraction);
+      p.set_newest_query_reserve(newest_query_reserve);
+      p.set_newest_query_reserve_layers(reserve_layers);
+      p.set_newest_query_layers(newest_query_layers);
+      p.set_score_base(score_base);
+    };
     DC_CHECK(recent_fraction + dc::max_reserve_share(newest_query_reserve) < 1.0, "--recent-fraction ",
              recent_fraction, " plus --newest-query-reserve ", reserve_arg, " leave nothing of the budget to the "
              "policy (their sum must be below 1)");
@@ -218,9 +236,11 @@ int main(int argc, char** argv) {
                "alone: give --init-target none and no --resume");
       dc::check_linear_layout(dc::MlpLayout(int(inputs.size()), hidden, dc::parse_activation(activation_arg)));
       search.search.validate();
-      if (!search_from.empty())
-        search.start = dc_examples::linear_weights_from(search_from, inputs, score_base, recent_fraction,
-                                                        newest_query_reserve);
+      if (!search_from.empty()) {
+        dc::MlpPolicy rules = dc::MlpPolicy::initialised(inputs, hidden, opt.seed, dc::Activation::relu, window);
+        apply_forced_rules(rules);
+        search.start = dc_examples::linear_weights_from(search_from, inputs, rules);
+      }
       for (const auto& name : split_list(search_modes_arg)) {
         DC_CHECK(name == "prefill" || name == "decode", "--search-modes: '", name, "' is not prefill or decode");
         search.modes.push_back(name == "prefill" ? dc::EvictionMode::prefill : dc::EvictionMode::decode);
@@ -260,6 +280,10 @@ int main(int argc, char** argv) {
     dc::GgufFile file(model_path);
     dc::HfModel m = dc::load_gguf_model(file);
     const dc::Tokenizer tokenizer(dc::tokenizer_data_from_gguf(file));
+    for (const auto& [layers, option] : {std::pair{&newest_query_layers, "--newest-query-layers"},
+                                         std::pair{&reserve_layers, "--newest-query-reserve-layers"}})
+      DC_CHECK(layers->empty() || layers->back() < m.config.num_layers, option, " names layer ",
+               layers->empty() ? 0 : layers->back(), "; the model has ", m.config.num_layers, " layers");
     const int window_tokens = opt.context + opt.continuation;
     DC_CHECK(window_tokens <= m.config.max_position, "--context + --continuation = ", window_tokens,
              " exceeds the model's context of ", m.config.max_position);
@@ -325,9 +349,7 @@ int main(int argc, char** argv) {
                                     : dc::MlpPolicy::initialised(inputs, hidden, opt.seed,
                                                                  dc::parse_activation(activation_arg), window);
       if (!resume) {
-        policy.set_recent_fraction(recent_fraction);
-        policy.set_newest_query_reserve(newest_query_reserve);
-        policy.set_score_base(score_base);
+        apply_forced_rules(policy);
         if (score_base != dc::ScoreBase::none) policy.zero_output_layer();
       }
       // The task contexts' continuations: the full-cache model's own answers.

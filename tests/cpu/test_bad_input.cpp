@@ -517,6 +517,16 @@ std::vector<BadInput> bad_inputs(const dc_test::TempDir& tmp) {
     policy.set_recent_fraction(0.5);
     policy.set_newest_query_reserve(0.5);
   }, "mlp policy: recent_fraction 0.5 plus newest_query_reserve 0.5 leave nothing of the budget to the MLP (their sum must be below 1)");
+  add("MlpPolicy::set_newest_query_layers", "a layer twice", [&] {
+    dc::MlpPolicy::initialised(dc::paper_policy_inputs(), {4}, 1).set_newest_query_layers({3, 1, 3});
+  }, "mlp policy: newest_query_layers names a layer twice");
+  add("MlpPolicy::score", "a newest-query layer the model lacks", [&] {
+    auto policy = dc::MlpPolicy::initialised(dc::paper_policy_inputs(), {4}, 1);
+    policy.set_newest_query_layers({1, 2});
+    const dc::TokenFeatures f = tiny_features();
+    std::vector<float> scores(std::size_t(f.size));
+    policy.score(f, 2, scores);
+  }, "newest-query rows: layer 2 named, the model has 2 layers");
   add("MlpPolicy::from_checkpoint", "unknown score base", [&] {
     auto c = dc::MlpPolicy::initialised(dc::paper_policy_inputs(), {4}, 1).to_checkpoint();
     c.extra["score_base"] = "snapkv";

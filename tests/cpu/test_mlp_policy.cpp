@@ -407,12 +407,12 @@ TEST_CASE("newest-query reserve: each group keeps the rows its layer's newest qu
   CHECK(policy.reserve_tokens(8, 12) == 2);
   std::vector<float> scores(std::size_t(f.size));
   policy.score(f, 8, scores);
-  for (int g = 0; g < f.num_groups(); ++g) {
-    const dc::FeatureGroup& grp = f.groups[std::size_t(g)];
-    // The oracle: the layer's mean newest-query mass per position from the formula, the two
-    // largest among the non-recent positions this head holds (ties to the newer position).
+  // The oracle: the positions below `end` that a group's head holds, ranked by its layer's mean
+  // newest-query mass from the formula (the other head counts 0 where it evicted a position),
+  // ties to the newer position.
+  auto ranked_by_layer_mass = [&](const dc::FeatureGroup& grp, int end) {
     std::vector<std::pair<float, int>> ranked;
-    for (int p = 0; p < 10; ++p)
+    for (int p = 0; p < end; ++p)
       if (held(grp.layer_begin, grp.head_begin, p)) {
         float sum = 0.0f;
         for (int h = 0; h < 2; ++h)
@@ -420,6 +420,12 @@ TEST_CASE("newest-query reserve: each group keeps the rows its layer's newest qu
         ranked.push_back({sum / 2.0f, p});
       }
     std::sort(ranked.begin(), ranked.end(), [](auto a, auto b) { return a.first != b.first ? a.first > b.first : a.second > b.second; });
+    return ranked;
+  };
+  for (int g = 0; g < f.num_groups(); ++g) {
+    const dc::FeatureGroup& grp = f.groups[std::size_t(g)];
+    // The reserve: the two largest among the non-recent positions (below 10).
+    const auto ranked = ranked_by_layer_mass(grp, 10);
     for (int r = grp.row_begin; r < grp.row_end; ++r) {
       const int p = f.position[std::size_t(r)];
       const bool reserved = p == ranked[0].second || p == ranked[1].second;
@@ -471,6 +477,69 @@ TEST_CASE("newest-query reserve: each group keeps the rows its layer's newest qu
     scheduled.score(f, 8, by_schedule);
     CHECK(std::count(by_schedule.begin(), by_schedule.end(), INFINITY) == 4 * (2 + 3));
   }
+  {  // The reserve limited to layer 1: layer 0's groups score as without a reserve, layer 1's as
+    // with it.
+    dc::MlpPolicy layer_one = policy;
+    layer_one.set_newest_query_reserve_layers(dc::parse_layer_list("1"));
+    std::vector<float> limited(std::size_t(f.size));
+    layer_one.score(f, 8, limited);
+    for (int r = 0; r < f.size; ++r) {
+      CAPTURE(r);
+      const bool in_layer_one = f.groups[std::size_t(f.group[std::size_t(r)])].layer_begin == 1;
+      CHECK(limited[std::size_t(r)] == (in_layer_one ? scores : h2o)[std::size_t(r)]);
+    }
+    CHECK(dc::MlpPolicy::from_checkpoint(layer_one.to_checkpoint()).newest_query_reserve_layers() == std::vector<int>{1});
+    CHECK(dc::MlpPolicy::from_checkpoint(policy.to_checkpoint()).newest_query_reserve_layers().empty());
+    CHECK_THROWS_WITH_AS(layer_one.set_newest_query_reserve_layers({0, 0}), doctest::Contains("names a layer twice"), dc::Error);
+    auto bad_layers = layer_one.to_checkpoint();
+    bad_layers.extra["newest_query_reserve_layers"] = nlohmann::json::array({"x"});
+    CHECK_THROWS_WITH_AS(dc::MlpPolicy::from_checkpoint(bad_layers), doctest::Contains("holds \"x\", not a layer index"), dc::Error);
+  }
+  {  // Layer 1 given to the newest query: its groups keep the 8 positions with the largest layer
+    // mean (from the formula, ties to the newer), whatever the window and the reserve chose; layer
+    // 0's groups score as before.
+    dc::MlpPolicy tova_layer = policy;
+    tova_layer.set_newest_query_layers(dc::parse_layer_list("1"));
+    std::vector<float> given(std::size_t(f.size));
+    tova_layer.score(f, 8, given);
+    for (int g = 0; g < f.num_groups(); ++g) {
+      const dc::FeatureGroup& grp = f.groups[std::size_t(g)];
+      const auto ranked = ranked_by_layer_mass(grp, 12);
+      for (int r = grp.row_begin; r < grp.row_end; ++r) {
+        CAPTURE(g);
+        CAPTURE(r);
+        if (grp.layer_begin == 0) {
+          CHECK(given[std::size_t(r)] == scores[std::size_t(r)]);
+        } else {
+          const int p = f.position[std::size_t(r)];
+          const bool top = std::any_of(ranked.begin(), ranked.begin() + 8, [&](auto e) { return e.second == p; });
+          CHECK(given[std::size_t(r)] == (top ? INFINITY : 0.0f));
+        }
+      }
+    }
+    CHECK(dc::MlpPolicy::from_checkpoint(tova_layer.to_checkpoint()).newest_query_layers() == std::vector<int>{1});
+    CHECK(dc::MlpPolicy::from_checkpoint(policy.to_checkpoint()).newest_query_layers().empty());
+    // A layer the model does not have is named at scoring time.
+    tova_layer.set_newest_query_layers({1, 2});
+    CHECK_THROWS_WITH_AS(tova_layer.score(f, 8, given), doctest::Contains("layer 2 named, the model has 2 layers"), dc::Error);
+    CHECK_THROWS_WITH_AS(tova_layer.set_newest_query_layers({1, 1}), doctest::Contains("names a layer twice"), dc::Error);
+    auto bad_layers = tova_layer.to_checkpoint();
+    bad_layers.extra["newest_query_layers"] = nlohmann::json::array({0, -1});
+    CHECK_THROWS_WITH_AS(dc::MlpPolicy::from_checkpoint(bad_layers), doctest::Contains("holds -1, not a layer index"), dc::Error);
+    bad_layers.extra["newest_query_layers"] = 3;
+    CHECK_THROWS_WITH_AS(dc::MlpPolicy::from_checkpoint(bad_layers), doctest::Contains("not a non-empty list"), dc::Error);
+    // A shared group covers every layer: a list of some of them leaves it out.
+    CHECK(dc::group_in_layers({0, 2, 0, 2, 0, 1}, std::vector<int>{0, 1}));
+    CHECK_FALSE(dc::group_in_layers({0, 2, 0, 2, 0, 1}, std::vector<int>{1}));
+    CHECK(dc::group_in_layers({0, 2, 0, 2, 0, 1}, std::vector<int>{}));
+  }
+  CHECK(dc::parse_layer_list("8-10,3,9") == std::vector<int>{3, 8, 9, 10});
+  CHECK(dc::parse_layer_list("none").empty());
+  CHECK(dc::describe_layer_list(dc::parse_layer_list("8-10,3,12")) == "3,8-10,12");
+  CHECK(dc::describe_layer_list({}) == "none");
+  CHECK_THROWS_WITH_AS(dc::parse_layer_list("4-2"), doctest::Contains("range '4-2' ends before it begins"), dc::Error);
+  CHECK_THROWS_WITH_AS(dc::parse_layer_list("1,x"), doctest::Contains("'x' is not a layer index"), dc::Error);
+  CHECK_THROWS_WITH_AS(dc::parse_layer_list("-3"), doctest::Contains("'' is not a layer index"), dc::Error);
   CHECK_THROWS_WITH_AS(dc::parse_reserve_schedule("0.5:0.1,0.25:0.2"), doctest::Contains("must increase, 0.25 follows 0.5"), dc::Error);
   CHECK_THROWS_WITH_AS(dc::parse_reserve_schedule("0.25:x"), doctest::Contains("'x' is not a number"), dc::Error);
   CHECK_THROWS_WITH_AS(dc::parse_reserve_schedule("0.25:0.1,0.5"), doctest::Contains("is not FRACTION:SHARE"), dc::Error);

@@ -311,6 +311,28 @@ TEST_CASE("a recent window: the newest rows are kept without a choice and left o
       if (reserved[std::size_t(row)] == INFINITY)
         CHECK(std::find(kept[g].begin(), kept[g].end(), f.slot[std::size_t(row)]) != kept[g].end());
   }
+
+  // Layer 1 given to the newest query: its groups force the whole budget and record no picks;
+  // layer 0's groups sample their own free budget, the same draws as without it (the noise is
+  // keyed on the candidate's index, and layer 0's candidates come first).
+  policy.set_newest_query_reserve(0.0);
+  policy.set_newest_query_layers({1});
+  std::vector<float> layer_given(std::size_t(f.size));
+  policy.score(f, budget, layer_given);
+  dc::GumbelSelector limited(policy, 9, 0);
+  const dc::KeepSets limited_kept = limited.select(f, layer_given, budget, 0, 0);
+  const dc::SampledEviction& l = limited.records().at(0);
+  CHECK(l.rows() == 2 * (30 - recent) + 2 * (30 - budget));
+  for (std::size_t g = 0; g < 4; ++g) {
+    CAPTURE(g);
+    const bool in_layer_one = f.groups[g].layer_begin == 1;
+    CHECK(limited_kept[g].size() == std::size_t(budget));
+    CHECK(l.picks.group(int(g)).size() == std::size_t(in_layer_one ? 0 : budget - recent));
+    if (!in_layer_one) CHECK(limited_kept[g] == keep[g]);
+  }
+  std::vector<float> limited_grad(policy.params().size(), 0.0f);
+  dc::accumulate_policy_gradient(policy, l, 1.0, 0.01, limited_grad);
+  CHECK(std::all_of(limited_grad.begin(), limited_grad.end(), [](float x) { return std::isfinite(x); }));
 }
 
 TEST_CASE("future attention shares: what the continuation's queries paid each prompt row, per group") {

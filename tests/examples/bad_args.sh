@@ -5,8 +5,8 @@
 #
 #   bad_args.sh GENERATE EVAL FIXTURE_DIR [SMOLLM2_GGUF]
 #
-# train and infer are found through $DC_TRAIN_BIN and $DC_INFER_BIN (their cases are skipped,
-# with a note, when those are unset).
+# train, infer and derive are found through $DC_TRAIN_BIN, $DC_INFER_BIN and $DC_DERIVE_BIN (their
+# cases are skipped, with a note, when those are unset).
 #
 # The cases run on the tiny fixture models. The few that need a real tokenizer use the SmolLM2
 # GGUF: the fourth argument, else $DC_SMOLLM2_GGUF, else the scripts/fetch_model.sh cache; they
@@ -27,8 +27,10 @@ model=${4:-${DC_SMOLLM2_GGUF:-${XDG_CACHE_HOME:-$HOME/.cache}/distillcache/SmolL
 if [ -f "$model" ]; then model=$(realpath "$model"); else model=""; fi
 train_bin=${DC_TRAIN_BIN:+$(realpath "$DC_TRAIN_BIN")}
 infer_bin=${DC_INFER_BIN:+$(realpath "$DC_INFER_BIN")}
+derive_bin=${DC_DERIVE_BIN:+$(realpath "$DC_DERIVE_BIN")}
 # A trained MLP policy (32, 32 SiLU: not a linear correction).
 policy_file=$(realpath "$(dirname "$0")/../../bench/results/policies/smollm2-v2-32x32-silu.dcpolicy")
+linear_file=$(realpath "$(dirname "$0")/../../bench/results/policies/smollm2-v4-linear-search.dcpolicy")
 for f in "$generate" "$eval_bin"; do
   [ -x "$f" ] || { echo "bad_args: $f is not an executable" >&2; exit 1; }
 done
@@ -88,6 +90,7 @@ bad() {
   [ "$prog" = eval ] && bin=$eval_bin
   [ "$prog" = train ] && bin=$train_bin
   [ "$prog" = infer ] && bin=$infer_bin
+  [ "$prog" = derive ] && bin=$derive_bin
   local out=out err=err
   timeout 60 "$bin" "$@" > "$out" 2> "$err" < /dev/null
   local rc=$?
@@ -318,10 +321,14 @@ if [ -n "$train_bin" ]; then
   bad "train: --task-solved-only alone"   train 1 "needs --tasks"        -- "${T[@]}" --task-solved-only
   bad "train: recent plus reserve >= 1"  train 1 "their sum must be below 1" -- "${T[@]}" --recent-fraction 0.5 --newest-query-reserve 0.5
   bad "train: reserve schedule out of order" train 1 "must increase" -- "${T[@]}" --newest-query-reserve 0.5:0.1,0.25:0.2
+  bad "train: newest-query layers backwards" train 1 "ends before it begins" -- "${T[@]}" --newest-query-layers 20-18
+  bad "train: newest-query layer past the model" train 1 "the model has" -- "${T[@]}" --newest-query-layers 1,40
+  bad "train: reserve layers without a reserve" train 1 "needs --newest-query-reserve" -- "${T[@]}" --newest-query-reserve-layers 1
   S=("${T[@]}" --search-rounds 2 --init-target none --activation relu --hidden 2)
   bad "train: --search-modes alone"       train 1 "need --search-rounds" -- "${T[@]}" --search-modes prefill,decode
   bad "train: --search-modes unknown"     train 1 "'sideways' is not prefill or decode" -- "${S[@]}" --search-modes prefill,sideways
   bad "train: --search-from an MLP"       train 1 "is not a linear correction" -- "${S[@]}" --search-from "$policy_file"
+  bad "train: --search-from other rules"  train 1 "; this run has score base none" -- "${S[@]}" --search-from "$linear_file" --newest-query-layers 1
   bad "train: --search-prune-context alone" train 1 "needs --search-prune" -- "${S[@]}" --search-prune-context 64
   bad "train: --search-balance unknown"   train 1 "unknown policy 'lru'" -- "${S[@]}" --search-balance lru
   bad "train: --search-worst-case alone" train 1 "give --search-balance" -- "${S[@]}" --search-worst-case
@@ -341,6 +348,17 @@ if [ -n "$infer_bin" ]; then
   bad "infer: --text missing"             infer 1 "none.txt"             -- --model "$tiny_gguf" --text none.txt --policy h2o
 else
   skipped+=("infer cases (DC_INFER_BIN unset)")
+fi
+if [ -n "$derive_bin" ]; then
+  bad "derive: --out missing"             derive 2 "--out is required"   -- --from "$linear_file"
+  bad "derive: --from corrupt"            derive 1 "bad.dcpolicy"        -- --from bad.dcpolicy --out x.dcpolicy
+  bad "derive: reserve layers, no reserve" derive 1 "needs a newest-query reserve" -- --from "$linear_file" --out x.dcpolicy --newest-query-reserve-layers 18-20
+  bad "derive: recent plus reserve >= 1"  derive 1 "their sum must be below 1" -- --from "$linear_file" --out x.dcpolicy --newest-query-reserve 0.5
+  bad "derive: --zero-input of an MLP"    derive 1 "must use ReLU"       -- --from "$policy_file" --out x.dcpolicy --zero-input alpha
+  bad "derive: --zero-input it lacks"     derive 1 "has no input depth"  -- --from "$linear_file" --out x.dcpolicy --zero-input depth
+  bad "derive: --out unwritable"          derive 1 "--out"               -- --from "$linear_file" --out no_such_dir/x.dcpolicy --newest-query-layers 1
+else
+  skipped+=("derive cases (DC_DERIVE_BIN unset)")
 fi
 
 # ---- Report --------------------------------------------------------------------------------

@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <random>
 #include <span>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -127,6 +128,11 @@ class MlpPolicy final : public EvictionPolicy {
       }
       policy.set_newest_query_reserve(std::move(points));
     }
+    if (c.extra.contains("newest_query_reserve_layers"))
+      policy.set_newest_query_reserve_layers(layer_list_from_json(c.extra["newest_query_reserve_layers"],
+                                                                  "newest_query_reserve_layers"));
+    if (c.extra.contains("newest_query_layers"))
+      policy.set_newest_query_layers(layer_list_from_json(c.extra["newest_query_layers"], "newest_query_layers"));
     return policy;
   }
 
@@ -145,6 +151,8 @@ class MlpPolicy final : public EvictionPolicy {
       c.extra["newest_query_reserve"] = nlohmann::json::array();
       for (const SchedulePoint& p : reserve_) c.extra["newest_query_reserve"].push_back({p.fraction, p.share});
     }
+    if (!newest_query_layers_.empty()) c.extra["newest_query_layers"] = newest_query_layers_;
+    if (!reserve_layers_.empty()) c.extra["newest_query_reserve_layers"] = reserve_layers_;
     if (score_base_ != ScoreBase::none) c.extra["score_base"] = score_base_name(score_base_);
     if (!layer_weights_.empty()) c.extra["layer_budget_weights"] = layer_weights_;
     return c;
@@ -179,11 +187,44 @@ class MlpPolicy final : public EvictionPolicy {
     check_forced_share(recent_fraction_, max_reserve_share(points));
     reserve_ = std::move(points);
   }
+  // The layers whose groups get the reserve, sorted (empty: every layer). Limiting it to the
+  // retrieval layers did not make it cheaper on text (bench/results/README.md, "Retrieval layers").
+  const std::vector<int>& newest_query_reserve_layers() const { return reserve_layers_; }
+  void set_newest_query_reserve_layers(std::vector<int> layers) {
+    reserve_layers_ = sorted_layer_list(std::move(layers), "newest_query_reserve_layers");
+  }
+  // Layers whose whole budget goes to the rows the layer's newest query attends to most (TOVA's
+  // choice at the layer level; neither the recent window, the reserve nor the MLP chooses
+  // there), sorted; empty: none. Retrieval happens in a few layers (SmolLM2: 18-20,
+  // bench/results/README.md, "Retrieval layers"), so TOVA's keep-set there keeps needles; those
+  // layers matter to the text too: TOVA's keep-set in three of them adds 30-70 % to v4's KL on
+  // the training text.
+  const std::vector<int>& newest_query_layers() const { return newest_query_layers_; }
+  void set_newest_query_layers(std::vector<int> layers) {
+    newest_query_layers_ = sorted_layer_list(std::move(layers), "newest_query_layers");
+  }
   // The rows kept for the newest query at a budget of `budget` slots per group when the context
   // holds `tokens` (the budget's fraction picks the share).
   int reserve_tokens(int budget, int tokens) const {
     if (reserve_.empty() || tokens <= 0) return 0;
     return int(math::schedule_share(reserve_, double(budget) / double(tokens)) * double(budget));
+  }
+
+  // Whether `other` forces the same rows as this policy (score base, recent window, reserve and
+  // its layers, newest-query layers): a linear correction's weights mean the same ranking only
+  // under the same rules (train --search-from).
+  bool same_forced_rules(const MlpPolicy& other) const {
+    return score_base_ == other.score_base_ && recent_fraction_ == other.recent_fraction_ &&
+           reserve_ == other.reserve_ && reserve_layers_ == other.reserve_layers_ &&
+           newest_query_layers_ == other.newest_query_layers_;
+  }
+  std::string describe_forced_rules() const {
+    std::ostringstream o;
+    o << "score base " << score_base_name(score_base_) << ", recent fraction " << recent_fraction_
+      << ", newest-query reserve " << describe_reserve_schedule(reserve_) << " in layers "
+      << (reserve_layers_.empty() ? std::string("all") : describe_layer_list(reserve_layers_))
+      << ", newest-query layers " << describe_layer_list(newest_query_layers_);
+    return o.str();
   }
 
   ScoreBase score_base() const { return score_base_; }
@@ -220,10 +261,32 @@ class MlpPolicy final : public EvictionPolicy {
   void score_slots(const TokenFeatures& f, int budget, std::span<float> scores) override {
     // forward's bits, the recent window +inf (not scored at all where a tile is all recent)
     mlp_policy_scores(f, inputs_, budget, layout_, params_.data(), scores, recent_tokens(budget), score_base_);
-    reserve_newest_query_rows(f, reserve_tokens(budget, f.latest_position + 1), scores);
+    reserve_newest_query_rows(f, reserve_tokens(budget, f.latest_position + 1), scores, reserve_layers_);
+    give_layers_to_newest_query(f, budget, newest_query_layers_, scores);
   }
 
  private:
+  // Layer indices sorted, each non-negative and named once (what names them: `what`).
+  static std::vector<int> sorted_layer_list(std::vector<int> layers, const char* what) {
+    for (int l : layers) DC_CHECK(l >= 0, "mlp policy: ", what, " holds layer ", l);
+    std::sort(layers.begin(), layers.end());
+    DC_CHECK(std::adjacent_find(layers.begin(), layers.end()) == layers.end(), "mlp policy: ", what,
+             " names a layer twice");
+    return layers;
+  }
+
+  // A checkpoint's list of layer indices under `key` (then checked by the setter).
+  static std::vector<int> layer_list_from_json(const nlohmann::json& r, const char* key) {
+    DC_CHECK(r.is_array() && !r.empty(), "policy checkpoint: '", key, "' is not a non-empty list of layer indices");
+    std::vector<int> layers;
+    for (const auto& l : r) {
+      DC_CHECK(l.is_number_integer() && l.get<long>() >= 0 && l.get<long>() < (1L << 20), "policy checkpoint: '",
+               key, "' holds ", l.dump(), ", not a layer index");
+      layers.push_back(l.get<int>());
+    }
+    return layers;
+  }
+
   // The recent window and the reserve are both taken out of the budget before the MLP chooses.
   static void check_forced_share(double recent, double reserve) {
     DC_CHECK(recent + reserve < 1.0, "mlp policy: recent_fraction ", recent, " plus newest_query_reserve ",
@@ -236,6 +299,8 @@ class MlpPolicy final : public EvictionPolicy {
   int window_;
   double recent_fraction_ = 0.0;
   std::vector<SchedulePoint> reserve_;
+  std::vector<int> newest_query_layers_;
+  std::vector<int> reserve_layers_;
   ScoreBase score_base_ = ScoreBase::none;
   std::vector<double> layer_weights_;
   std::string name_;

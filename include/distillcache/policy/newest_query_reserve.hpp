@@ -48,16 +48,14 @@ inline double max_reserve_share(std::span<const SchedulePoint> points) {
 // The schedule as parse_reserve_schedule reads it: "0" (none), "0.25" (one share), or
 // "0.125:0,0.25:0.25" (points).
 inline std::string describe_reserve_schedule(std::span<const SchedulePoint> points) {
-  auto text = [](double v) {
-    std::ostringstream o;
-    o << v;
-    return o.str();
-  };
   if (points.empty()) return "0";
-  if (points.size() == 1 && points[0].fraction == 1.0) return text(points[0].share);
-  std::string out;
-  for (const SchedulePoint& p : points) out += (out.empty() ? "" : ",") + text(p.fraction) + ":" + text(p.share);
-  return out;
+  std::ostringstream out;  // appends only: GCC 12 warns (-Wrestrict) on "," + std::string
+  if (points.size() == 1 && points[0].fraction == 1.0) {
+    out << points[0].share;
+    return out.str();
+  }
+  for (std::size_t i = 0; i < points.size(); ++i) out << (i ? "," : "") << points[i].fraction << ':' << points[i].share;
+  return out.str();
 }
 
 // "0.25" (the same share at every budget) or "0.125:0,0.25:0.25,0.5:0.375" (budget fraction:share
@@ -96,20 +94,89 @@ inline std::vector<SchedulePoint> parse_reserve_schedule(std::string_view text) 
   return points;
 }
 
+// "8-15,20": model layers (MlpPolicy's newest_query_layers and newest_query_reserve_layers),
+// sorted, each once; "" or "none": an empty list. Throws naming the first item that is not a
+// layer or a FIRST-LAST range.
+inline std::vector<int> parse_layer_list(std::string_view text) {
+  std::vector<int> layers;
+  if (text.empty() || text == "none") return layers;
+  auto index = [&](std::string_view s) {
+    const std::string str(s);
+    std::size_t used = 0;
+    long v = -1;
+    try {
+      v = std::stol(str, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    DC_CHECK(used == str.size() && !str.empty() && v >= 0 && v < (1L << 20), "layer list '",
+             std::string(text), "': '", str, "' is not a layer index");
+    return int(v);
+  };
+  std::size_t begin = 0;
+  while (begin <= text.size()) {
+    const std::size_t end = std::min(text.find(',', begin), text.size());
+    const std::string_view item = text.substr(begin, end - begin);
+    const std::size_t dash = item.find('-');
+    const int first = index(item.substr(0, dash));
+    const int last = dash == std::string_view::npos ? first : index(item.substr(dash + 1));
+    DC_CHECK(first <= last, "layer list '", std::string(text), "': range '", std::string(item),
+             "' ends before it begins");
+    for (int l = first; l <= last; ++l) layers.push_back(l);
+    begin = end + 1;
+  }
+  std::sort(layers.begin(), layers.end());
+  layers.erase(std::unique(layers.begin(), layers.end()), layers.end());
+  return layers;
+}
+
+// The list as parse_layer_list reads it ("none" when empty; ranges joined).
+inline std::string describe_layer_list(std::span<const int> layers) {
+  if (layers.empty()) return "none";
+  std::ostringstream out;  // appends only: GCC 12 warns (-Wrestrict) on "-" + std::string
+  for (std::size_t i = 0; i < layers.size();) {
+    std::size_t j = i;
+    while (j + 1 < layers.size() && layers[j + 1] == layers[j] + 1) ++j;
+    if (i > 0) out << ',';
+    out << layers[i];
+    if (j > i) out << '-' << layers[j];
+    i = j + 1;
+  }
+  return out.str();
+}
+
+// Whether every layer a group covers is in `layers` (empty: every group). A shared group covers
+// every layer, so a list of some layers leaves it out.
+inline bool group_in_layers(const FeatureGroup& group, std::span<const int> layers) {
+  if (layers.empty()) return true;
+  for (int l = group.layer_begin; l < group.layer_end; ++l)
+    if (!std::binary_search(layers.begin(), layers.end(), l)) return false;
+  return true;
+}
+
 // In every group of f, the `reserve` rows with the largest layer_last_query_mass among those
 // whose score is finite (rows already scored +inf, a recent window, are kept anyway) score
 // +inf. Ties go to the newer position, so the choice does not depend on row order or threads.
-// A group with fewer finite rows than `reserve` has all of them raised.
-inline void reserve_newest_query_rows(const TokenFeatures& f, int reserve, std::span<float> scores) {
+// A group with fewer finite rows than `reserve` has all of them raised. With `layers` (sorted
+// layer indices, parse_layer_list) only the groups inside those layers get a reserve.
+inline void reserve_newest_query_rows(const TokenFeatures& f, int reserve, std::span<float> scores,
+                                      std::span<const int> layers = {}) {
   DC_CHECK(reserve >= 0, "newest-query reserve: negative row count ", reserve);
   DC_CHECK(scores.size() >= std::size_t(f.size), "newest-query reserve: ", scores.size(), " scores for ",
            f.size, " rows");
   if (reserve == 0 || f.size == 0) return;
+  if (!layers.empty()) {
+    int model_layers = 0;
+    for (const FeatureGroup& g : f.groups) model_layers = std::max(model_layers, g.layer_end);
+    DC_CHECK(layers.back() < model_layers, "newest-query rows: layer ", layers.back(), " named, the model has ",
+             model_layers, " layers");
+  }
   const std::vector<float> mass = layer_last_query_mass(f);
   const int groups = f.num_groups();
   DC_OMP(parallel for schedule(dynamic) if (groups > 1 && f.size > 4096))
   for (int g = 0; g < groups; ++g) {
     const FeatureGroup& group = f.groups[std::size_t(g)];
+    if (!group_in_layers(group, layers)) continue;
     std::vector<std::int32_t> rows;
     rows.reserve(std::size_t(group.rows()));
     for (int r = group.row_begin; r < group.row_end; ++r)
@@ -122,6 +189,19 @@ inline void reserve_newest_query_rows(const TokenFeatures& f, int reserve, std::
     std::nth_element(rows.begin(), rows.begin() + std::ptrdiff_t(take), rows.end(), first_after);
     for (std::size_t i = 0; i < take; ++i) scores[std::size_t(rows[i])] = INFINITY;
   }
+}
+
+// MlpPolicy's newest_query_layers: in the groups inside `layers`, the `budget` rows with the
+// largest layer_last_query_mass score +inf and every other row 0, whatever the score, the recent
+// window or the reserve chose there (TOVA's keep-set at the layer level). No-op without layers.
+// `budget` is the policy's nominal one: where layer budget weights give such a layer more, the
+// extra slots go to the 0-scored rows, newest first (as ties break).
+inline void give_layers_to_newest_query(const TokenFeatures& f, int budget, std::span<const int> layers,
+                                        std::span<float> scores) {
+  if (layers.empty() || f.size == 0) return;
+  for (const FeatureGroup& g : f.groups)
+    if (group_in_layers(g, layers)) std::fill(scores.begin() + g.row_begin, scores.begin() + g.row_end, 0.0f);
+  reserve_newest_query_rows(f, budget, scores, layers);
 }
 
 }  // namespace dc

@@ -71,9 +71,12 @@ class GumbelSelector final : public KeepSetSelector {
              temperature, " must be finite and > 0");
   }
 
-  // Rows the policy scored +inf (MlpPolicy's recent window) are kept without a choice: the
-  // sample, and the record the gradient reads, cover only the other rows, with the budget less
-  // the forced rows of each group (the same count in every group, as a recent window gives).
+  // Rows the policy scored +inf (MlpPolicy's recent window and newest-query reserve) are kept
+  // without a choice: the sample, and the record the gradient reads, cover only the other rows,
+  // with the budget less the forced rows of that group. Groups may force different counts (a
+  // reserve limited to some layers): all are sampled to the largest free budget and each keeps
+  // the first picks of its ordered sample, which is itself an ordered Plackett-Luce sample of
+  // that size (the record holds those picks only).
   KeepSets select(const TokenFeatures& f, std::span<const float> scores, int budget, int sink,
                   int recent) override {
     DC_CHECK(sink == 0 && recent == 0, "sampled eviction: protected sink (", sink, ") and recent (",
@@ -84,18 +87,15 @@ class GumbelSelector final : public KeepSetSelector {
     SampledEviction e;
     e.temperature = temperature_;
     e.group_offsets.assign(1, 0);
-    int forced_per_group = -1;
+    std::vector<int> free_budgets;  // per group: the budget less its forced rows
     for (const FeatureGroup& g : f.groups) {
       for (int r = g.row_begin; r < g.row_end; ++r)
         (scores[std::size_t(r)] == INFINITY ? forced : candidates).push_back(r);
-      const int group_forced = int(forced.size()) - forced_offsets.back();
-      DC_CHECK(forced_per_group < 0 || group_forced == forced_per_group, "sampled eviction: ",
-               group_forced, " always-kept rows in one group, ", forced_per_group, " in another");
-      forced_per_group = group_forced;
+      free_budgets.push_back(std::max(0, budget - (int(forced.size()) - forced_offsets.back())));
       forced_offsets.push_back(std::int32_t(forced.size()));
       e.group_offsets.push_back(std::int32_t(candidates.size()));
     }
-    const int free_budget = std::max(0, budget - std::max(0, forced_per_group));
+    const int free_budget = free_budgets.empty() ? 0 : *std::max_element(free_budgets.begin(), free_budgets.end());
     const std::vector<float> all_inputs = policy_inputs(f, policy_.inputs(), budget);
     const std::size_t k = policy_.inputs().size();
     std::vector<float> candidate_scores;
@@ -127,7 +127,8 @@ class GumbelSelector final : public KeepSetSelector {
     KeepSets keep(f.groups.size());
     e.picks.offsets.assign(1, 0);
     for (int g = 0; g < group_count; ++g) {
-      const auto rows = explored[std::size_t(g)] ? sampled.group(g) : greedy.group(g);
+      const auto ordered = explored[std::size_t(g)] ? sampled.group(g) : greedy.group(g);
+      const auto rows = ordered.first(std::min(ordered.size(), std::size_t(free_budgets[std::size_t(g)])));
       auto& kept = keep[std::size_t(g)];
       for (std::int32_t row : rows) kept.push_back(f.slot[std::size_t(candidates[std::size_t(row)])]);
       for (std::int32_t i = forced_offsets[std::size_t(g)]; i < forced_offsets[std::size_t(g) + 1]; ++i)

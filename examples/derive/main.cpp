@@ -1,0 +1,87 @@
+// derive: a copy of a policy file with other forced rules or a linear-correction weight zeroed.
+//
+// The rules a policy forces without a choice (the recent window, the newest-query reserve and
+// its layers, the newest-query layers; docs/design.md) are settings, not weights: a measurement
+// of "v4 with a reserve" needs v4's weights under another rule, not a new training run. Every
+// such variant in bench/results/policies/ is this program's output; the file notes what it was
+// derived from (extra.derived) and is validated by loading it before it is written.
+#include <algorithm>
+#include <cstdio>
+#include <string>
+
+#include <distillcache/io/policy_checkpoint.hpp>
+#include <distillcache/policy/linear_correction.hpp>
+#include <distillcache/policy/mlp_policy.hpp>
+
+#include "../common/cli.hpp"
+
+int main(int argc, char** argv) {
+  using namespace dc_examples;
+  CLI::App app{"Writes a copy of a policy file with other forced rules or an input's weight zeroed (distillcache)."};
+  std::string from_path, out_path, reserve_arg, reserve_layers_arg, newest_query_layers_arg, zero_input;
+  double recent_fraction = -1.0;
+  app.add_option("--from", from_path, "the policy file to start from (.dcpolicy)")->required();
+  app.add_option("--out", out_path, "the file to write")->required();
+  app.add_option("--recent-fraction", recent_fraction, "always keep the newest fraction of the budget")
+      ->check(finite_number(0.0, 0.99));
+  app.add_option("--newest-query-reserve", reserve_arg, "a share of the budget for the rows each layer's newest "
+                 "query attends to most: one share (0.25) or shares by budget fraction (0.125:0,0.25:0.25); 0 removes it");
+  app.add_option("--newest-query-reserve-layers", reserve_layers_arg, "apply the reserve in these layers only "
+                 "(a list of layers and FIRST-LAST ranges; 'none': every layer)");
+  app.add_option("--newest-query-layers", newest_query_layers_arg, "layers whose whole budget goes to the rows the "
+                 "layer's newest query attends to most ('none': no layer)");
+  app.add_option("--zero-input", zero_input, "set this input's weight to 0 (a linear correction only: an ablation)");
+  if (const auto status = parse_command_line(app, argc, argv, "derive")) return *status;
+
+  return run_reporting_errors("derive", [&]() -> int {
+    dc::PolicyCheckpoint c = dc::load_policy_checkpoint(from_path);
+    dc::MlpPolicy policy = dc::MlpPolicy::from_checkpoint(c);
+    std::string derived = "the file " + from_path;
+    auto note = [&](const std::string& what) { derived += (derived.find(" with ") == std::string::npos ? " with " : ", ") + what; };
+    if (recent_fraction >= 0.0) {
+      policy.set_recent_fraction(recent_fraction);
+      note("recent_fraction " + std::to_string(recent_fraction));
+    }
+    if (!reserve_arg.empty()) {
+      policy.set_newest_query_reserve(dc::parse_reserve_schedule(reserve_arg));
+      note("newest_query_reserve " + reserve_arg);
+    }
+    if (!reserve_layers_arg.empty()) {
+      policy.set_newest_query_reserve_layers(dc::parse_layer_list(reserve_layers_arg));
+      note("newest_query_reserve_layers " + reserve_layers_arg);
+    }
+    DC_CHECK(policy.newest_query_reserve_layers().empty() || !policy.newest_query_reserve().empty(),
+             "--newest-query-reserve-layers needs a newest-query reserve (the file has none; give --newest-query-reserve)");
+    if (!newest_query_layers_arg.empty()) {
+      policy.set_newest_query_layers(dc::parse_layer_list(newest_query_layers_arg));
+      note("newest_query_layers " + newest_query_layers_arg);
+    }
+    if (!zero_input.empty()) {
+      const dc::PolicyInput input = dc::parse_policy_input(zero_input);
+      auto w = dc::linear_correction_weights(policy.layout(), policy.params());
+      const auto rebuilt = dc::linear_correction_params(policy.layout(), w);
+      DC_CHECK(std::equal(rebuilt.begin(), rebuilt.end(), policy.params().begin()), "--zero-input: '", from_path,
+               "' is not a linear correction (train --search-rounds writes them)");
+      const auto at = std::find(policy.inputs().begin(), policy.inputs().end(), input);
+      DC_CHECK(at != policy.inputs().end(), "--zero-input: '", from_path, "' has no input ", zero_input);
+      w[std::size_t(at - policy.inputs().begin())] = 0.0f;
+      const auto params = dc::linear_correction_params(policy.layout(), w);
+      std::copy(params.begin(), params.end(), policy.params().begin());
+      note("the weight of " + zero_input + " set to 0");
+    }
+    // The file's other extras (its training record, its search) stay; the rules and weights are
+    // the policy's own.
+    const dc::PolicyCheckpoint rules = policy.to_checkpoint();
+    for (const char* key : {"recent_fraction", "newest_query_reserve", "newest_query_reserve_layers", "newest_query_layers"}) {
+      c.extra.erase(key);
+      if (rules.extra.contains(key)) c.extra[key] = rules.extra[key];
+    }
+    c.weights = rules.weights;
+    c.extra["derived"] = derived;
+    (void)dc::MlpPolicy::from_checkpoint(c);  // what is written loads
+    check_writable(out_path, "--out");
+    dc::save_policy_checkpoint(out_path, c);
+    std::printf("derive: wrote %s (%s)\n", out_path.c_str(), derived.c_str());
+    return 0;
+  });
+}
