@@ -18,7 +18,8 @@
 int main(int argc, char** argv) {
   using namespace dc_examples;
   CLI::App app{"Writes a copy of a policy file with other forced rules or an input's weight zeroed (distillcache)."};
-  std::string from_path, out_path, reserve_arg, reserve_layers_arg, newest_query_layers_arg, zero_input;
+  std::string from_path, out_path, reserve_arg, reserve_layers_arg, newest_query_layers_arg, zero_input,
+      layer_weights_arg;
   double recent_fraction = -1.0;
   app.add_option("--from", from_path, "the policy file to start from (.dcpolicy)")->required();
   app.add_option("--out", out_path, "the file to write")->required();
@@ -30,6 +31,8 @@ int main(int argc, char** argv) {
                  "(a list of layers and FIRST-LAST ranges; 'none': every layer)");
   app.add_option("--newest-query-layers", newest_query_layers_arg, "layers whose whole budget goes to the rows the "
                  "layer's newest query attends to most ('none': no layer)");
+  app.add_option("--layer-budget-weights", layer_weights_arg, "share the budget among layers by these weights, "
+                 "one per model layer (W0,W1,...; docs/design.md, \"Budgets per layer\"); 'none' removes them");
   app.add_option("--zero-input", zero_input, "set this input's weight to 0 (a linear correction only: an ablation)");
   if (const auto status = parse_command_line(app, argc, argv, "derive")) return *status;
 
@@ -56,6 +59,17 @@ int main(int argc, char** argv) {
       policy.set_newest_query_layers(dc::parse_layer_list(newest_query_layers_arg));
       note("newest_query_layers " + newest_query_layers_arg);
     }
+    if (!layer_weights_arg.empty()) {
+      std::vector<double> weights;
+      if (layer_weights_arg != "none")
+        for (const auto& w : split_list(layer_weights_arg)) {
+          const auto v = detail::to_number(w);
+          DC_CHECK(v.has_value(), "--layer-budget-weights: '", w, "' is not a number");
+          weights.push_back(*v);
+        }
+      policy.set_layer_budget_weights(std::move(weights));
+      note("layer_budget_weights " + layer_weights_arg);
+    }
     if (!zero_input.empty()) {
       const dc::PolicyInput input = dc::parse_policy_input(zero_input);
       auto w = dc::linear_correction_weights(policy.layout(), policy.params());
@@ -72,7 +86,8 @@ int main(int argc, char** argv) {
     // The file's other extras (its training record, its search) stay; the rules and weights are
     // the policy's own.
     const dc::PolicyCheckpoint rules = policy.to_checkpoint();
-    for (const char* key : {"recent_fraction", "newest_query_reserve", "newest_query_reserve_layers", "newest_query_layers"}) {
+    for (const char* key : {"recent_fraction", "newest_query_reserve", "newest_query_reserve_layers", "newest_query_layers",
+                            "layer_budget_weights"}) {
       c.extra.erase(key);
       if (rules.extra.contains(key)) c.extra[key] = rules.extra[key];
     }

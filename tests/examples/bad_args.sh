@@ -356,6 +356,7 @@ if [ -n "$derive_bin" ]; then
   bad "derive: recent plus reserve >= 1"  derive 1 "their sum must be below 1" -- --from "$linear_file" --out x.dcpolicy --newest-query-reserve 0.5
   bad "derive: --zero-input of an MLP"    derive 1 "must use ReLU"       -- --from "$policy_file" --out x.dcpolicy --zero-input alpha
   bad "derive: --zero-input it lacks"     derive 1 "has no input depth"  -- --from "$linear_file" --out x.dcpolicy --zero-input depth
+  bad "derive: --layer-budget-weights x"  derive 1 "'x' is not a number" -- --from "$linear_file" --out x.dcpolicy --layer-budget-weights 1,x
   bad "derive: --out unwritable"          derive 1 "--out"               -- --from "$linear_file" --out no_such_dir/x.dcpolicy --newest-query-layers 1
 else
   skipped+=("derive cases (DC_DERIVE_BIN unset)")

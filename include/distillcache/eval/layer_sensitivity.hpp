@@ -7,7 +7,8 @@
 //
 // It is the measurement a policy's budget weights per layer (math/layer_budgets.hpp) could be
 // calibrated from (layers whose eviction costs little giving slots to those whose eviction costs
-// most); on SmolLM2 no static allocation built from it beat the uniform budget
+// most); on SmolLM2 no static allocation built from it beat the uniform budget (1.5x for the
+// retrieval layers 18-20, chosen otherwise, did)
 // (bench/results/README.md, "Budgets per layer"). One prefill per context serves the teacher and every student; students
 // decode in batches of at most max_batch caches (Transformer::forward_batch).
 #include <cstdint>
