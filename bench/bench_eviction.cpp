@@ -34,7 +34,7 @@ void decode_with_statistics(benchmark::State& state) {
 // (those rows skipped); 6 v3's on H2O's score base (log of the accumulated mass added to the
 // MLP's output: one more logarithm a row); 7 a linear correction of H2O's score base
 // (policy/linear_correction.hpp) in the smallest network that carries it, one hidden layer of
-// 2 ReLU units, newest half kept, policy v4's weights (train --search-rounds).
+// 2 ReLU units, newest half kept, policy v4's weights (train --search-rounds); 8 policy v5.
 dc::MlpPolicy& learned_policy(long shape) {
   auto make = [](std::vector<int> hidden, dc::Activation activation, bool budget_age, float recent) {
     auto inputs = dc::paper_policy_inputs();
@@ -64,6 +64,20 @@ dc::MlpPolicy& learned_policy(long shape) {
                          std::copy(params.begin(), params.end(), p.params().begin());
                          return p;
                        }();
+  // 8: the shipped policy v5 (policies/smollm2-135m-instruct.dcpolicy's rules and weights): the
+  // linear correction of 7 with the newest-query reserve (0.45 of B) in layers 18-20 and 1.5x
+  // the budget there (its evictions select with budgets per layer: select_for below).
+  static dc::MlpPolicy v5 = [&] {
+    auto p = make({2}, dc::Activation::relu, false, 0.5f);
+    p.set_score_base(dc::ScoreBase::h2o);
+    const std::vector<float> w = {0.0f, 0.375f, 1.0f, -0.5f, -0.5f, 0.25f};
+    const auto params = dc::linear_correction_params(p.layout(), w);
+    std::copy(params.begin(), params.end(), p.params().begin());
+    p.set_newest_query_reserve(0.45);
+    p.set_newest_query_reserve_layers(dc::parse_layer_list("18-20"));
+    p.set_layer_budget_weights(dc::parse_layer_budget_weights("18-20=1.5", 30));
+    return p;
+  }();
   switch (shape) {
     case 1: return v2;
     case 2: return v3;
@@ -71,6 +85,7 @@ dc::MlpPolicy& learned_policy(long shape) {
     case 4: return age;
     case 5: return age_quarter;
     case 6: return on_h2o;
+    case 8: return v5;
     default: return linear;
   }
 }
@@ -79,9 +94,20 @@ dc::EvictionPolicy& chosen_policy(long arg, dc::H2OPolicy& h2o) {
   return arg ? static_cast<dc::EvictionPolicy&>(learned_policy(arg)) : h2o;
 }
 
+// The top-B keep-sets of f, with the policy's budgets per layer when it has them
+// (math/layer_budgets.hpp), capped at the `slots` each layer holds, as the decoder fixes them.
+dc::KeepSets select_for(const dc::EvictionPolicy& policy, std::span<const float> scores, const dc::TokenFeatures& f,
+                        int budget, int slots, int layers) {
+  const auto weights = policy.layer_budget_weights();
+  if (weights.empty()) return dc::select_keep_groups(scores, f, budget);
+  const std::vector<char> evictable(std::size_t(layers), 1);
+  const std::vector<int> budgets = dc::allocate_layer_budgets(weights, evictable, budget, slots);
+  return dc::select_keep_groups(scores, f, std::span<const int>(budgets), 0, 0);
+}
+
 // One eviction of a context down to 25 %: features, scores, top-B, compaction. Arg 1: the
 // granularity (0 shared, 1 layer, 2 head: one keep-set per (layer, KV head)); arg 2: the policy
-// (0 H2O, 1-7 the learned MLP policy in the shapes of learned_policy).
+// (0 H2O, 1-8 the learned MLP policy in the shapes of learned_policy).
 void evict_once(benchmark::State& state) {
   const int context = int(state.range(0)), budget = context / 4;
   const auto granularity = dc::Granularity(state.range(1));
@@ -99,7 +125,8 @@ void evict_once(benchmark::State& state) {
     const dc::TokenFeatures f = dc::gather_features(model.context(), cache, granularity);
     scores.assign(std::size_t(f.size), 0.0f);
     policy.score(f, budget, scores);
-    dc::compact_groups(model.context(), cache, f, dc::select_keep_groups(scores, f, budget));
+    dc::compact_groups(model.context(), cache, f,
+                       select_for(policy, scores, f, budget, context, model.config().num_layers));
   }
   // Decode-mode eviction runs once per chunk (16) tokens: the amortised per-token cost.
   state.counters["per_token_us_chunk16"] =
@@ -109,7 +136,7 @@ void evict_once(benchmark::State& state) {
 // The eviction a decoder runs every `chunk` tokens at a 25 % budget: a cache of B + chunk slots
 // back to B, at head granularity (features, scores, top-B, compaction), B = 2048 (25 % of 8k)
 // and 512 (of 2k). Divided by the chunk it is the per-token cost to set against a decode step
-// at the same length (decode_with_statistics). Arg 0: B; arg 1: the policy (0 H2O, 1-7 the
+// at the same length (decode_with_statistics). Arg 0: B; arg 1: the policy (0 H2O, 1-8 the
 // learned MLP's shapes of learned_policy); arg 2: the chunk
 // (examples/eval --chunk; by default B / 64, at least 16: 32 at B = 2048); arg 3: the cache's
 // K/V storage (0 fp32, 1 bf16: half the bytes the compaction moves).
@@ -140,7 +167,7 @@ void evict_decode_chunk(benchmark::State& state) {
     policy.score(f, budget, scores);
     score_s += seconds_since(t);
     t = clock::now();
-    const dc::KeepSets keep = dc::select_keep_groups(scores, f, budget);
+    const dc::KeepSets keep = select_for(policy, scores, f, budget, context, model.config().num_layers);
     select_s += seconds_since(t);
     t = clock::now();
     dc::compact_groups(model.context(), cache, f, keep);
@@ -156,7 +183,7 @@ void evict_decode_chunk(benchmark::State& state) {
 }
 
 // Scoring alone (the policy's share of an eviction) on the features of a filled cache at head
-// granularity. Arg 0: context; arg 1: policy (0 H2O, 1-7 the learned MLP's shapes).
+// granularity. Arg 0: context; arg 1: policy (0 H2O, 1-8 the learned MLP's shapes).
 void score_only(benchmark::State& state) {
   const int context = int(state.range(0));
   auto& model = dc_bench::smollm2_model(1);
@@ -214,14 +241,16 @@ BENCHMARK(evict_once)
     ->Args({8191, 2, 5})
     ->Args({8191, 2, 6})
     ->Args({8191, 2, 7})
+    ->Args({8191, 2, 8})
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(evict_decode_chunk)
     ->ArgsProduct({{512, 2048}, {0, 1, 2, 3}, {16}, {0}})
-    ->ArgsProduct({{2048}, {0, 2, 4, 5, 6, 7}, {16, 32}, {1}})
+    ->ArgsProduct({{2048}, {0, 2, 4, 5, 6, 7, 8}, {16, 32}, {1}})
+    ->ArgsProduct({{512, 2048}, {7, 8}, {16}, {0}})
     ->Args({2048, 0, 32, 0})
     ->Args({2048, 2, 32, 0})
     ->Unit(benchmark::kMicrosecond);
-BENCHMARK(score_only)->ArgsProduct({{1024, 8191}, {0, 1, 2, 3, 4, 5, 6, 7}})->Unit(benchmark::kMicrosecond);
+BENCHMARK(score_only)->ArgsProduct({{1024, 8191}, {0, 1, 2, 3, 4, 5, 6, 7, 8}})->Unit(benchmark::kMicrosecond);
 BENCHMARK(decode_budget_vs_full)
     ->Args({0, 0})
     ->Args({1, 0})

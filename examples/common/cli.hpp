@@ -25,6 +25,7 @@
 #include <vector>
 
 #include <distillcache/core/error.hpp>
+#include <distillcache/core/parse_text.hpp>
 
 namespace dc_examples {
 
@@ -112,9 +113,7 @@ inline std::optional<long long> to_integer(const std::string& s, bool* out_of_ra
   return parse_all<long long>(
       s, [](const std::string& t, std::size_t* used) { return std::stoll(t, used); }, out_of_range);
 }
-inline std::optional<double> to_number(const std::string& s) {
-  return parse_all<double>(s, [](const std::string& t, std::size_t* used) { return std::stod(t, used); });
-}
+inline std::optional<double> to_number(const std::string& s) { return dc::whole_double(s); }
 }  // namespace detail
 
 // An integer in [lo, hi].

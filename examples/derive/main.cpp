@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   std::string from_path, out_path, reserve_arg, reserve_layers_arg, newest_query_layers_arg, zero_input,
       layer_weights_arg;
   double recent_fraction = -1.0;
+  int model_layers = 0;
   app.add_option("--from", from_path, "the policy file to start from (.dcpolicy)")->required();
   app.add_option("--out", out_path, "the file to write")->required();
   app.add_option("--recent-fraction", recent_fraction, "always keep the newest fraction of the budget")
@@ -31,8 +32,11 @@ int main(int argc, char** argv) {
                  "(a list of layers and FIRST-LAST ranges; 'none': every layer)");
   app.add_option("--newest-query-layers", newest_query_layers_arg, "layers whose whole budget goes to the rows the "
                  "layer's newest query attends to most ('none': no layer)");
-  app.add_option("--layer-budget-weights", layer_weights_arg, "share the budget among layers by these weights, "
-                 "one per model layer (W0,W1,...; docs/design.md, \"Budgets per layer\"); 'none' removes them");
+  app.add_option("--layer-budget-weights", layer_weights_arg, "share the budget among layers by these weights "
+                 "(docs/design.md, \"Budgets per layer\"): one per model layer (W0,W1,...) or LAYERS=WEIGHT items, "
+                 "every other layer 1 (18-20=1.5; needs --model-layers unless the file has weights); 'none' removes them");
+  app.add_option("--model-layers", model_layers, "the model's layer count, for --layer-budget-weights "
+                 "LAYERS=WEIGHT (default: the file's own weights' count)")->check(integer_in(1, 1 << 20));
   app.add_option("--zero-input", zero_input, "set this input's weight to 0 (a linear correction only: an ablation)");
   if (const auto status = parse_command_line(app, argc, argv, "derive")) return *status;
 
@@ -60,16 +64,11 @@ int main(int argc, char** argv) {
       note("newest_query_layers " + newest_query_layers_arg);
     }
     if (!layer_weights_arg.empty()) {
-      std::vector<double> weights;
-      if (layer_weights_arg != "none")
-        for (const auto& w : split_list(layer_weights_arg)) {
-          const auto v = detail::to_number(w);
-          DC_CHECK(v.has_value(), "--layer-budget-weights: '", w, "' is not a number");
-          weights.push_back(*v);
-        }
-      policy.set_layer_budget_weights(std::move(weights));
+      const int layers = model_layers > 0 ? model_layers : int(policy.layer_budget_weights().size());
+      policy.set_layer_budget_weights(dc::parse_layer_budget_weights(layer_weights_arg, layers));
       note("layer_budget_weights " + layer_weights_arg);
     }
+    DC_CHECK(model_layers == 0 || !layer_weights_arg.empty(), "--model-layers sizes --layer-budget-weights: give both");
     if (!zero_input.empty()) {
       const dc::PolicyInput input = dc::parse_policy_input(zero_input);
       auto w = dc::linear_correction_weights(policy.layout(), policy.params());

@@ -72,7 +72,7 @@ int main(int argc, char** argv) {
       max_train_contexts = 100000, window = 32, batch = 32, prune_context = 0;
   double recent_fraction = 0.0;
   std::string reserve_arg = "0";
-  std::string newest_query_layers_arg, reserve_layers_arg;
+  std::string newest_query_layers_arg, reserve_layers_arg, layer_weights_arg;
   std::string score_base_arg = "none";
   app.add_option("--model", model_path, "GGUF model file")->required();
   app.add_option("--text", text_path, "training corpus: a .txt file or a folder of them");
@@ -128,6 +128,10 @@ int main(int argc, char** argv) {
                  "on SmolLM2; docs/design.md); a list of layers and FIRST-LAST ranges");
   app.add_option("--newest-query-reserve-layers", reserve_layers_arg, "apply --newest-query-reserve in these "
                  "layers only (a list of layers and FIRST-LAST ranges; default all)");
+  app.add_option("--layer-budget-weights", layer_weights_arg, "share the budget among layers by these weights "
+                 "(docs/design.md, \"Budgets per layer\"): LAYERS=WEIGHT items, every other layer 1 (18-20=1.5: "
+                 "SmolLM2's retrieval layers keep 1.5x the others' share), or one weight per layer; needs "
+                 "--search-rounds and a layer or head granularity");
   app.add_option("--temperature", opt.temperature, "sampling temperature: keep-sets are Plackett-Luce "
                  "samples of scores / T (below 1: closer to the greedy top-B deployed)")
       ->check(finite_number(1e-6, 1e6));
@@ -213,6 +217,13 @@ int main(int argc, char** argv) {
     const std::vector<int> reserve_layers = dc::parse_layer_list(reserve_layers_arg);
     DC_CHECK(reserve_layers.empty() || !newest_query_reserve.empty(), "--newest-query-reserve-layers needs "
              "--newest-query-reserve");
+    // Budgets per layer: the greedy keep-sets of the search take them; sampled ones (REINFORCE's
+    // GumbelSelector) do not yet, and a shared keep-set has no layers to share among.
+    DC_CHECK(layer_weights_arg.empty() || layer_weights_arg == "none" || search_rounds > 0,
+             "--layer-budget-weights needs --search-rounds (REINFORCE's sampled keep-sets take one budget for "
+             "every layer)");
+    DC_CHECK(layer_weights_arg.empty() || layer_weights_arg == "none" || opt.granularity != dc::Granularity::shared,
+             "--layer-budget-weights shares the budget among layers: it needs --granularity layer or head");
     // The rows a policy of this run forces without a choice (set on the trained policy below).
     auto apply_forced_rules = [&](dc::MlpPolicy& p) {
       p.set_recent_fraction(recent_fraction);
@@ -284,6 +295,7 @@ int main(int argc, char** argv) {
                                          std::pair{&reserve_layers, "--newest-query-reserve-layers"}})
       DC_CHECK(layers->empty() || layers->back() < m.config.num_layers, option, " names layer ",
                layers->empty() ? 0 : layers->back(), "; the model has ", m.config.num_layers, " layers");
+    const std::vector<double> layer_weights = dc::parse_layer_budget_weights(layer_weights_arg, m.config.num_layers);
     const int window_tokens = opt.context + opt.continuation;
     DC_CHECK(window_tokens <= m.config.max_position, "--context + --continuation = ", window_tokens,
              " exceeds the model's context of ", m.config.max_position);
@@ -350,6 +362,7 @@ int main(int argc, char** argv) {
                                                                  dc::parse_activation(activation_arg), window);
       if (!resume) {
         apply_forced_rules(policy);
+        policy.set_layer_budget_weights(layer_weights);
         if (score_base != dc::ScoreBase::none) policy.zero_output_layer();
       }
       // The task contexts' continuations: the full-cache model's own answers.

@@ -29,6 +29,7 @@
 #include "policy/policy.hpp"
 #include "policy/select.hpp"
 #include "policy/layer_budgeted.hpp"
+#include "policy/layer_lists.hpp"
 #include "eval/corpus.hpp"
 #include "eval/fidelity.hpp"
 #include "eval/future_attention.hpp"

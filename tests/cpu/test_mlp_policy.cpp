@@ -343,6 +343,14 @@ TEST_CASE("layer_last_alpha: the newest query's mass averaged over a layer's KV 
     CHECK(x[std::size_t(r) * 2 + 1] == doctest::Approx(std::log(expected * g.rows() + dc::math::kPolicyInputEps)).epsilon(1e-5));
     CHECK(x[std::size_t(r) * 2] == doctest::Approx(std::log(double(f.last_query_mass[std::size_t(r)]) * g.rows() + dc::math::kPolicyInputEps)).epsilon(1e-5));
   }
+  // Limited to layer 1: its rows as before, layer 0's left at 0 (not computed).
+  const std::vector<int> layer_one = {1};
+  const auto limited = dc::layer_last_query_mass(f, layer_one);
+  for (int r = 0; r < f.size; ++r) {
+    const bool in_layer_one = f.groups[std::size_t(f.group[std::size_t(r)])].layer_begin == 1;
+    CAPTURE(r);
+    CHECK(limited[std::size_t(r)] == (in_layer_one ? layer_mean[std::size_t(r)] : 0.0f));
+  }
   // A group that covers its whole layer (layer granularity) reads its own last_alpha.
   dc::TokenFeatures one;
   one.granularity = dc::Granularity::layer;
@@ -540,6 +548,27 @@ TEST_CASE("newest-query reserve: each group keeps the rows its layer's newest qu
   CHECK_THROWS_WITH_AS(dc::parse_layer_list("4-2"), doctest::Contains("range '4-2' ends before it begins"), dc::Error);
   CHECK_THROWS_WITH_AS(dc::parse_layer_list("1,x"), doctest::Contains("'x' is not a layer index"), dc::Error);
   CHECK_THROWS_WITH_AS(dc::parse_layer_list("-3"), doctest::Contains("'' is not a layer index"), dc::Error);
+  // Budget weights per layer: LAYERS=WEIGHT items (others 1) or one weight per layer.
+  CHECK(dc::parse_layer_budget_weights("1-2=1.5,4=0.5", 6) == std::vector<double>{1, 1.5, 1.5, 1, 0.5, 1});
+  CHECK(dc::parse_layer_budget_weights("2,1,3", 3) == std::vector<double>{2, 1, 3});
+  CHECK(dc::parse_layer_budget_weights("2,1,3", 0) == std::vector<double>{2, 1, 3});
+  CHECK(dc::parse_layer_budget_weights("none", 6).empty());
+  CHECK(dc::describe_layer_budget_weights(dc::parse_layer_budget_weights("4=0.5,1-2=1.5", 6)) == "1-2=1.5,4=0.5");
+  CHECK(dc::describe_layer_budget_weights(std::vector<double>{2, 3}) == "2,3");
+  CHECK(dc::describe_layer_budget_weights(std::vector<double>{1, 1}) == "1,1");
+  CHECK(dc::describe_layer_budget_weights({}) == "none");
+  for (const char* text : {"1-2=1.5,4=0.5", "2,1,3,1,1,1", "0-5=2"})  // describe reads back as what it describes
+    CHECK(dc::parse_layer_budget_weights(dc::describe_layer_budget_weights(dc::parse_layer_budget_weights(text, 6)), 6) ==
+          dc::parse_layer_budget_weights(text, 6));
+  CHECK_THROWS_WITH_AS(dc::parse_layer_budget_weights("1,2", 3), doctest::Contains("2 weights; the model has 3 layers"), dc::Error);
+  CHECK_THROWS_WITH_AS(dc::parse_layer_budget_weights("1=2", 0), doctest::Contains("needs the model's layer count"), dc::Error);
+  CHECK_THROWS_WITH_AS(dc::parse_layer_budget_weights("1=2,7=3", 6), doctest::Contains("layer 7 named; the model has 6"), dc::Error);
+  CHECK_THROWS_WITH_AS(dc::parse_layer_budget_weights("1-3=2,3=1", 6), doctest::Contains("layer 3 is named twice"), dc::Error);
+  CHECK_THROWS_WITH_AS(dc::parse_layer_budget_weights("1=2,3", 6), doctest::Contains("'3' is not LAYERS=WEIGHT"), dc::Error);
+  CHECK_THROWS_WITH_AS(dc::parse_layer_budget_weights("1=x", 6), doctest::Contains("'x' is not a number"), dc::Error);
+  CHECK_THROWS_WITH_AS(dc::parse_layer_budget_weights("1=0", 6), doctest::Contains("the budget weight of layer 1 is 0"), dc::Error);
+  CHECK_THROWS_WITH_AS(dc::parse_layer_budget_weights("1,nan", 2), doctest::Contains("must be positive and finite"), dc::Error);
+  CHECK_THROWS_WITH_AS(dc::parse_layer_budget_weights("3-1=2", 6), doctest::Contains("range '3-1' ends before it begins"), dc::Error);
   CHECK_THROWS_WITH_AS(dc::parse_reserve_schedule("0.5:0.1,0.25:0.2"), doctest::Contains("must increase, 0.25 follows 0.5"), dc::Error);
   CHECK_THROWS_WITH_AS(dc::parse_reserve_schedule("0.25:x"), doctest::Contains("'x' is not a number"), dc::Error);
   CHECK_THROWS_WITH_AS(dc::parse_reserve_schedule("0.25:0.1,0.5"), doctest::Contains("is not FRACTION:SHARE"), dc::Error);

@@ -324,7 +324,10 @@ if [ -n "$train_bin" ]; then
   bad "train: newest-query layers backwards" train 1 "ends before it begins" -- "${T[@]}" --newest-query-layers 20-18
   bad "train: newest-query layer past the model" train 1 "the model has" -- "${T[@]}" --newest-query-layers 1,40
   bad "train: reserve layers without a reserve" train 1 "needs --newest-query-reserve" -- "${T[@]}" --newest-query-reserve-layers 1
+  bad "train: layer weights without search" train 1 "needs --search-rounds" -- "${T[@]}" --layer-budget-weights 1=2
   S=("${T[@]}" --search-rounds 2 --init-target none --activation relu --hidden 2)
+  bad "train: layer weights, shared keep-set" train 1 "needs --granularity layer or head" -- "${S[@]}" --layer-budget-weights 1=2 --granularity shared
+  bad "train: layer weight past the model" train 1 "layer 40 named; the model has" -- "${S[@]}" --layer-budget-weights 40=2
   bad "train: --search-modes alone"       train 1 "need --search-rounds" -- "${T[@]}" --search-modes prefill,decode
   bad "train: --search-modes unknown"     train 1 "'sideways' is not prefill or decode" -- "${S[@]}" --search-modes prefill,sideways
   bad "train: --search-from an MLP"       train 1 "is not a linear correction" -- "${S[@]}" --search-from "$policy_file"
@@ -357,6 +360,8 @@ if [ -n "$derive_bin" ]; then
   bad "derive: --zero-input of an MLP"    derive 1 "must use ReLU"       -- --from "$policy_file" --out x.dcpolicy --zero-input alpha
   bad "derive: --zero-input it lacks"     derive 1 "has no input depth"  -- --from "$linear_file" --out x.dcpolicy --zero-input depth
   bad "derive: --layer-budget-weights x"  derive 1 "'x' is not a number" -- --from "$linear_file" --out x.dcpolicy --layer-budget-weights 1,x
+  bad "derive: layer weights, no layer count" derive 1 "needs the model's layer count" -- --from "$linear_file" --out x.dcpolicy --layer-budget-weights 18-20=1.5
+  bad "derive: --model-layers alone"      derive 1 "give both" -- --from "$linear_file" --out x.dcpolicy --model-layers 30
   bad "derive: --out unwritable"          derive 1 "--out"               -- --from "$linear_file" --out no_such_dir/x.dcpolicy --newest-query-layers 1
 else
   skipped+=("derive cases (DC_DERIVE_BIN unset)")

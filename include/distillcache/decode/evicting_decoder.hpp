@@ -163,7 +163,8 @@ class EvictingDecoder {
     if (weights.empty() || granularity_ == Granularity::shared || !policy_.evicts()) return;
     const int layers = cache_.num_layers();
     DC_CHECK(int(weights.size()) == layers, "policy '", policy_.name(), "' gives budget weights for ",
-             weights.size(), " layers, the model has ", layers);
+             weights.size(), " layers, the model has ", layers, " (weights per layer belong to one model; "
+             "examples/derive --layer-budget-weights none writes a copy without them, or use --granularity shared)");
     DC_CHECK(selector_ == nullptr, "EvictingDecoder: policy '", policy_.name(), "' shares the budget "
              "unevenly among layers, which sampled keep-sets (the trainer's) do not support yet");
     std::vector<char> evictable(static_cast<std::size_t>(layers));

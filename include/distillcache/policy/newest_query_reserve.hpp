@@ -19,8 +19,10 @@
 #include <string_view>
 #include <vector>
 
+#include "../core/parse_text.hpp"
 #include "../cpu/parallel.hpp"
 #include "../math/budget_schedule.hpp"
+#include "layer_lists.hpp"
 #include "policy_inputs.hpp"
 
 namespace dc {
@@ -62,96 +64,24 @@ inline std::string describe_reserve_schedule(std::span<const SchedulePoint> poin
 // points, linear in between). "0" is no reserve.
 inline std::vector<SchedulePoint> parse_reserve_schedule(std::string_view text) {
   auto number = [&](std::string_view s) {
-    const std::string str(s);
-    std::size_t used = 0;
-    double v = 0.0;
-    try {
-      v = std::stod(str, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    DC_CHECK(used == str.size() && !str.empty(), "newest-query reserve '", std::string(text), "': '", str,
-             "' is not a number");
-    return v;
+    const auto v = whole_double(s);
+    DC_CHECK(v.has_value(), "newest-query reserve '", std::string(text), "': '", std::string(s), "' is not a number");
+    return *v;
   };
   std::vector<SchedulePoint> points;
   if (text.find(':') == std::string_view::npos) {
     const double share = number(text);
     if (share != 0.0) points.push_back({1.0, share});
   } else {
-    std::size_t begin = 0;
-    while (begin <= text.size()) {
-      const std::size_t end = std::min(text.find(',', begin), text.size());
-      const std::string_view item = text.substr(begin, end - begin);
+    for (const std::string_view item : comma_items(text)) {
       const std::size_t colon = item.find(':');
       DC_CHECK(colon != std::string_view::npos, "newest-query reserve '", std::string(text), "': '",
                std::string(item), "' is not FRACTION:SHARE");
       points.push_back({number(item.substr(0, colon)), number(item.substr(colon + 1))});
-      begin = end + 1;
     }
   }
   check_reserve_schedule(points);
   return points;
-}
-
-// "8-15,20": model layers (MlpPolicy's newest_query_layers and newest_query_reserve_layers),
-// sorted, each once; "" or "none": an empty list. Throws naming the first item that is not a
-// layer or a FIRST-LAST range.
-inline std::vector<int> parse_layer_list(std::string_view text) {
-  std::vector<int> layers;
-  if (text.empty() || text == "none") return layers;
-  auto index = [&](std::string_view s) {
-    const std::string str(s);
-    std::size_t used = 0;
-    long v = -1;
-    try {
-      v = std::stol(str, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    DC_CHECK(used == str.size() && !str.empty() && v >= 0 && v < (1L << 20), "layer list '",
-             std::string(text), "': '", str, "' is not a layer index");
-    return int(v);
-  };
-  std::size_t begin = 0;
-  while (begin <= text.size()) {
-    const std::size_t end = std::min(text.find(',', begin), text.size());
-    const std::string_view item = text.substr(begin, end - begin);
-    const std::size_t dash = item.find('-');
-    const int first = index(item.substr(0, dash));
-    const int last = dash == std::string_view::npos ? first : index(item.substr(dash + 1));
-    DC_CHECK(first <= last, "layer list '", std::string(text), "': range '", std::string(item),
-             "' ends before it begins");
-    for (int l = first; l <= last; ++l) layers.push_back(l);
-    begin = end + 1;
-  }
-  std::sort(layers.begin(), layers.end());
-  layers.erase(std::unique(layers.begin(), layers.end()), layers.end());
-  return layers;
-}
-
-// The list as parse_layer_list reads it ("none" when empty; ranges joined).
-inline std::string describe_layer_list(std::span<const int> layers) {
-  if (layers.empty()) return "none";
-  std::ostringstream out;  // appends only: GCC 12 warns (-Wrestrict) on "-" + std::string
-  for (std::size_t i = 0; i < layers.size();) {
-    std::size_t j = i;
-    while (j + 1 < layers.size() && layers[j + 1] == layers[j] + 1) ++j;
-    if (i > 0) out << ',';
-    out << layers[i];
-    if (j > i) out << '-' << layers[j];
-    i = j + 1;
-  }
-  return out.str();
-}
-
-// Whether every layer a group covers is in `layers` (empty: every group). A shared group covers
-// every layer, so a list of some layers leaves it out.
-inline bool group_in_layers(const FeatureGroup& group, std::span<const int> layers) {
-  if (layers.empty()) return true;
-  for (int l = group.layer_begin; l < group.layer_end; ++l)
-    if (!std::binary_search(layers.begin(), layers.end(), l)) return false;
-  return true;
 }
 
 // In every group of f, the `reserve` rows with the largest layer_last_query_mass among those
@@ -171,7 +101,7 @@ inline void reserve_newest_query_rows(const TokenFeatures& f, int reserve, std::
     DC_CHECK(layers.back() < model_layers, "newest-query rows: layer ", layers.back(), " named, the model has ",
              model_layers, " layers");
   }
-  const std::vector<float> mass = layer_last_query_mass(f);
+  const std::vector<float> mass = layer_last_query_mass(f, layers);  // only the layers it ranks
   const int groups = f.num_groups();
   DC_OMP(parallel for schedule(dynamic) if (groups > 1 && f.size > 4096))
   for (int g = 0; g < groups; ++g) {

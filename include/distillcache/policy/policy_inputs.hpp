@@ -54,22 +54,34 @@ inline std::vector<PolicyInput> paper_policy_inputs() {
           PolicyInput::entropy, PolicyInput::position};
 }
 
+// Whether every layer a group covers is in `layers` (empty: every group). A shared group covers
+// every layer, so a list of some layers leaves it out.
+inline bool group_in_layers(const FeatureGroup& group, std::span<const int> layers) {
+  if (layers.empty()) return true;
+  for (int l = group.layer_begin; l < group.layer_end; ++l)
+    if (!std::binary_search(layers.begin(), layers.end(), l)) return false;
+  return true;
+}
+
 // Per row: the newest observed query's mass at the row's position, averaged over every KV head of
 // the layers its group covers (a head that evicted the position counts 0). At shared and layer
 // granularity a group already covers whole layers, so this is last_query_mass; at head
 // granularity the heads of a layer hold different positions (per-head keep-sets), so rows are
-// matched by position, not slot.
-inline std::vector<float> layer_last_query_mass(const TokenFeatures& f) {
-  for (int r = 0; r < f.size; ++r)  // rows are matched by position: it must index [0, latest]
-    DC_CHECK(f.position[std::size_t(r)] >= 0 && f.position[std::size_t(r)] <= f.latest_position,
-             "layer_last_alpha: row ", r, " has position ", f.position[std::size_t(r)], " outside [0, ",
-             f.latest_position, "]");
+// matched by position, not slot. With `layers` (sorted; group_in_layers) only the groups inside
+// those layers are computed and the other rows are 0: a rule that reads three layers of thirty
+// does not pay for thirty.
+inline std::vector<float> layer_last_query_mass(const TokenFeatures& f, std::span<const int> layers = {}) {
   std::vector<float> out(std::size_t(f.size), 0.0f);
   // The groups of each layer range, and how many KV heads the range has in all.
   std::vector<std::vector<int>> ranges;
   std::vector<std::pair<int, int>> range_layers;
   for (int g = 0; g < f.num_groups(); ++g) {
     const FeatureGroup& grp = f.groups[std::size_t(g)];
+    if (!group_in_layers(grp, layers)) continue;
+    for (int r = grp.row_begin; r < grp.row_end; ++r)  // rows are matched by position: it must index [0, latest]
+      DC_CHECK(f.position[std::size_t(r)] >= 0 && f.position[std::size_t(r)] <= f.latest_position,
+               "layer_last_alpha: row ", r, " has position ", f.position[std::size_t(r)], " outside [0, ",
+               f.latest_position, "]");
     const std::pair<int, int> key{grp.layer_begin, grp.layer_end};
     const auto at = std::find(range_layers.begin(), range_layers.end(), key);
     if (at == range_layers.end()) {
