@@ -187,8 +187,10 @@ class MlpPolicy final : public EvictionPolicy {
     check_forced_share(recent_fraction_, max_reserve_share(points));
     reserve_ = std::move(points);
   }
-  // The layers whose groups get the reserve, sorted (empty: every layer). Limiting it to the
-  // retrieval layers did not make it cheaper on text (bench/results/README.md, "Retrieval layers").
+  // The layers whose groups get the reserve, sorted (empty: every layer). Limited to the
+  // retrieval layers alone it cost the training text as much as a reserve everywhere; with those
+  // layers given 1.5x the budget (layer_budget_weights) it is the shipped v5's rule
+  // (bench/results/README.md, "Retrieval layers" and "v5 shipped").
   const std::vector<int>& newest_query_reserve_layers() const { return reserve_layers_; }
   void set_newest_query_reserve_layers(std::vector<int> layers) {
     reserve_layers_ = sorted_layer_list(std::move(layers), "newest_query_reserve_layers");
@@ -212,7 +214,9 @@ class MlpPolicy final : public EvictionPolicy {
 
   // Whether `other` forces the same rows as this policy (score base, recent window, reserve and
   // its layers, newest-query layers): a linear correction's weights mean the same ranking only
-  // under the same rules (train --search-from).
+  // under the same rules (train --search-from). Budget weights per layer are not compared: they
+  // change how many rows a layer keeps, not which rows are forced, so a search may start from a
+  // file searched under other weights.
   bool same_forced_rules(const MlpPolicy& other) const {
     return score_base_ == other.score_base_ && recent_fraction_ == other.recent_fraction_ &&
            reserve_ == other.reserve_ && reserve_layers_ == other.reserve_layers_ &&
