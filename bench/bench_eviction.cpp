@@ -98,7 +98,7 @@ dc::EvictionPolicy& chosen_policy(long arg, dc::H2OPolicy& h2o) {
 // (math/layer_budgets.hpp), capped at the `slots` each layer holds, as the decoder fixes them.
 dc::KeepSets select_for(const dc::EvictionPolicy& policy, std::span<const float> scores, const dc::TokenFeatures& f,
                         int budget, int slots, int layers) {
-  const auto weights = policy.layer_budget_weights();
+  const auto weights = dc::layer_budget_weights_at_depth(policy.layer_budget_weights(), layers);
   if (weights.empty()) return dc::select_keep_groups(scores, f, budget);
   const std::vector<char> evictable(std::size_t(layers), 1);
   const std::vector<int> budgets = dc::allocate_layer_budgets(weights, evictable, budget, slots);

@@ -26,6 +26,7 @@
 
 #include <distillcache/core/error.hpp>
 #include <distillcache/core/parse_text.hpp>
+#include <distillcache/policy/policy.hpp>
 
 namespace dc_examples {
 
@@ -220,6 +221,16 @@ inline void check_writable(const std::string& path, const char* flag) {
            err ? std::strerror(err) : "");
   probe.close();
   if (!existed) fs::remove(path, ec);
+}
+
+// One line on stderr when the policy's rules per layer were written for a model of another depth:
+// say so, since they then apply by relative depth (math/layer_depth.hpp), not as written.
+inline void note_layer_rules_depth(const char* program, const dc::EvictionPolicy& policy, int model_layers) {
+  const int depth = policy.layer_rules_depth();
+  if (depth == 0 || depth == model_layers) return;
+  std::fprintf(stderr, "%s: policy '%s' has rules per layer for a model of %d layers; this model has %d: each "
+               "layer takes the rule of the layer at the same relative depth\n", program, policy.name().c_str(), depth,
+               model_layers);
 }
 
 }  // namespace dc_examples

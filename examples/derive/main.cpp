@@ -35,14 +35,17 @@ int main(int argc, char** argv) {
   app.add_option("--layer-budget-weights", layer_weights_arg, "share the budget among layers by these weights "
                  "(docs/design.md, \"Budgets per layer\"): one per model layer (W0,W1,...) or LAYERS=WEIGHT items, "
                  "every other layer 1 (18-20=1.5; needs --model-layers unless the file has weights); 'none' removes them");
-  app.add_option("--model-layers", model_layers, "the model's layer count, for --layer-budget-weights "
-                 "LAYERS=WEIGHT (default: the file's own weights' count)")->check(integer_in(1, 1 << 20));
+  app.add_option("--model-layers", model_layers, "the layer count of the model the rules per layer are for: "
+                 "--layer-budget-weights LAYERS=WEIGHT needs it unless the file has weights; without weights it is "
+                 "stored with the layer lists, so they apply by relative depth on other models (default: the "
+                 "file's own count)")->check(integer_in(1, 1 << 20));
   app.add_option("--zero-input", zero_input, "set this input's weight to 0 (a linear correction only: an ablation)");
   if (const auto status = parse_command_line(app, argc, argv, "derive")) return *status;
 
   return run_reporting_errors("derive", [&]() -> int {
     dc::PolicyCheckpoint c = dc::load_policy_checkpoint(from_path);
     dc::MlpPolicy policy = dc::MlpPolicy::from_checkpoint(c);
+    const int depth_before = policy.layer_rules_depth();
     std::string derived = "the file " + from_path;
     auto note = [&](const std::string& what) { derived += (derived.find(" with ") == std::string::npos ? " with " : ", ") + what; };
     if (recent_fraction >= 0.0) {
@@ -53,6 +56,10 @@ int main(int argc, char** argv) {
       policy.set_newest_query_reserve(dc::parse_reserve_schedule(reserve_arg));
       note("newest_query_reserve " + reserve_arg);
     }
+    DC_CHECK(model_layers == 0 || depth_before == 0 || model_layers == depth_before || !layer_weights_arg.empty(),
+             "--model-layers ", model_layers, ": '", from_path, "' holds rules for a model of ", depth_before,
+             " layers (give --layer-budget-weights too, to replace its weights)");
+    if (model_layers > 0 && layer_weights_arg.empty()) policy.set_layer_rules_depth(model_layers);
     if (!reserve_layers_arg.empty()) {
       policy.set_newest_query_reserve_layers(dc::parse_layer_list(reserve_layers_arg));
       note("newest_query_reserve_layers " + reserve_layers_arg);
@@ -65,10 +72,14 @@ int main(int argc, char** argv) {
     }
     if (!layer_weights_arg.empty()) {
       const int layers = model_layers > 0 ? model_layers : int(policy.layer_budget_weights().size());
-      policy.set_layer_budget_weights(dc::parse_layer_budget_weights(layer_weights_arg, layers));
+      auto weights = dc::parse_layer_budget_weights(layer_weights_arg, layers);
+      if (!weights.empty()) policy.set_layer_rules_depth(0);  // the new weights' count says it
+      policy.set_layer_budget_weights(std::move(weights));
+      // Weights removed: the lists keep the depth they were written for.
+      if (policy.layer_budget_weights().empty() && policy.layer_rules_depth() == 0)
+        policy.set_layer_rules_depth(model_layers > 0 ? model_layers : depth_before);
       note("layer_budget_weights " + layer_weights_arg);
     }
-    DC_CHECK(model_layers == 0 || !layer_weights_arg.empty(), "--model-layers sizes --layer-budget-weights: give both");
     if (!zero_input.empty()) {
       const dc::PolicyInput input = dc::parse_policy_input(zero_input);
       auto w = dc::linear_correction_weights(policy.layout(), policy.params());
@@ -82,11 +93,15 @@ int main(int argc, char** argv) {
       std::copy(params.begin(), params.end(), policy.params().begin());
       note("the weight of " + zero_input + " set to 0");
     }
+    DC_CHECK(model_layers == 0 || !layer_weights_arg.empty() || !policy.newest_query_reserve_layers().empty() ||
+                 !policy.newest_query_layers().empty(),
+             "--model-layers gives the layer count of rules per layer: give --layer-budget-weights or a layer list "
+             "with it (the policy has neither)");
     // The file's other extras (its training record, its search) stay; the rules and weights are
     // the policy's own.
     const dc::PolicyCheckpoint rules = policy.to_checkpoint();
     for (const char* key : {"recent_fraction", "newest_query_reserve", "newest_query_reserve_layers", "newest_query_layers",
-                            "layer_budget_weights"}) {
+                            "layer_budget_weights", "layer_rules_model_layers"}) {
       c.extra.erase(key);
       if (rules.extra.contains(key)) c.extra[key] = rules.extra[key];
     }

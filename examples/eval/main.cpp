@@ -289,6 +289,7 @@ int main(int argc, char** argv) {
     model_format(model_path);  // exists, and is a GGUF file
     dc::GgufFile file(model_path);
     dc::HfModel m = dc::load_gguf_model(file);
+    for (const dc::EvictionPolicy* p : policies) note_layer_rules_depth("eval", *p, m.config.num_layers);
     const dc::Tokenizer tokenizer(dc::tokenizer_data_from_gguf(file));
     const auto mode = mode_arg == "prefill" ? dc::EvictionMode::prefill : dc::EvictionMode::decode;
     DC_CHECK(!oracle || (mode == dc::EvictionMode::prefill && tasks_arg.empty()), "--policy oracle: "

@@ -117,6 +117,7 @@ int main(int argc, char** argv) {
     } else {
       model = dc::load_hf_model(opt.model_path);
     }
+    note_layer_rules_depth("generate", *make_policy(opt), model.config.num_layers);
     if (!prompt_text.empty()) {
       DC_CHECK(tokenizer.has_value(), "--prompt needs a tokenizer: this model folder has none "
                                       "(use a .gguf model, or --tokens)");

@@ -70,6 +70,7 @@ int main(int argc, char** argv) {
     model_format(model_path);
     dc::GgufFile file(model_path);
     dc::HfModel m = dc::load_gguf_model(file);
+    for (const dc::EvictionPolicy* p : policies) note_layer_rules_depth("infer", *p, m.config.num_layers);
     const dc::Tokenizer tokenizer(dc::tokenizer_data_from_gguf(file));
     std::vector<std::int32_t> prompt;
     if (!text_path.empty()) {

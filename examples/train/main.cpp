@@ -362,6 +362,7 @@ int main(int argc, char** argv) {
                                                                  dc::parse_activation(activation_arg), window);
       if (!resume) {
         apply_forced_rules(policy);
+        policy.set_layer_rules_depth(m.config.num_layers);  // the layer lists' model, for others to map
         policy.set_layer_budget_weights(layer_weights);
         if (score_base != dc::ScoreBase::none) policy.zero_output_layer();
       }

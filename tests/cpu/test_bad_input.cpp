@@ -527,6 +527,16 @@ std::vector<BadInput> bad_inputs(const dc_test::TempDir& tmp) {
     std::vector<float> scores(std::size_t(f.size));
     policy.score(f, 2, scores);
   }, "newest-query rows: layer 2 named, the model has 2 layers");
+  add("MlpPolicy::set_newest_query_layers", "a layer past the rules' model", [&] {
+    auto policy = dc::MlpPolicy::initialised(dc::paper_policy_inputs(), {4}, 1);
+    policy.set_layer_budget_weights({1.0, 1.0, 1.5});
+    policy.set_newest_query_layers({3});
+  }, "mlp policy: layer 3 named in rules for a model of 3 layers");
+  add("MlpPolicy::from_checkpoint", "a layer count that is not one", [&] {
+    auto c = dc::MlpPolicy::initialised(dc::paper_policy_inputs(), {4}, 1).to_checkpoint();
+    c.extra["layer_rules_model_layers"] = -2;
+    (void)dc::MlpPolicy::from_checkpoint(c);
+  }, "policy checkpoint: 'layer_rules_model_layers' is -2, not a layer count");
   add("MlpPolicy::from_checkpoint", "unknown score base", [&] {
     auto c = dc::MlpPolicy::initialised(dc::paper_policy_inputs(), {4}, 1).to_checkpoint();
     c.extra["score_base"] = "snapkv";

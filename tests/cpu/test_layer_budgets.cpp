@@ -148,11 +148,88 @@ TEST_CASE("a decoder keeps each layer at its budget; equal weights change nothin
   shared.prefill(prompt);
   CHECK(shared.layer_budgets().empty());
   CHECK(shared.cache().length(0) == 8);
-  // Weights for another model's layer count are named.
-  auto three = h2o_with({1.0, 1.0, 1.0});
-  dc::EvictingDecoder<dc::cpu> wrong(t.model, *three, budget, dc::EvictionMode::prefill, 16, 8, dc::Granularity::head);
-  CHECK_THROWS_WITH_AS(wrong.prefill(prompt), doctest::Contains("budget weights for 3 layers, the model has 2"),
+  // Weights written for a 3-layer model apply by relative depth: of 3 layers the 2-layer model's
+  // first takes the first and its last the last (math/layer_depth.hpp), so {3, 2, 1} keeps what
+  // {3, 1} keeps, bit for bit.
+  auto three = h2o_with({3.0, 2.0, 1.0});
+  auto mapped = h2o_with({3.0, 1.0});
+  dc::EvictingDecoder<dc::cpu> deeper(t.model, *three, budget, dc::EvictionMode::decode, 16, 8, dc::Granularity::head);
+  dc::EvictingDecoder<dc::cpu> same(t.model, *mapped, budget, dc::EvictionMode::decode, 16, 8, dc::Granularity::head);
+  deeper.prefill(prompt);
+  same.prefill(prompt);
+  CHECK(deeper.layer_budgets() == std::vector<int>{12, 4});
+  for (int s = 16; s < 24; ++s) {
+    const auto x = deeper.step(t.ids[std::size_t(s)]);
+    const std::vector<float> xd(x.begin(), x.end());
+    const auto y = same.step(t.ids[std::size_t(s)]);
+    CHECK(std::equal(xd.begin(), xd.end(), y.begin()));
+  }
+}
+
+// The nearest source layer by brute force: the one whose centre ((s + 0.5) / S of the depth) is
+// closest to layer l's ((l + 0.5) / L), ties to the deeper; the oracle of the closed form.
+int nearest_by_search(int l, int layers, int source_layers) {
+  int best = 0;
+  double best_distance = INFINITY;
+  for (int s = 0; s < source_layers; ++s) {
+    const double distance = std::abs((s + 0.5) / source_layers - (l + 0.5) / layers);
+    if (distance <= best_distance + 1e-12) {
+      best = s;
+      best_distance = std::min(best_distance, distance);
+    }
+  }
+  return best;
+}
+
+TEST_CASE("layers at the same relative depth: the nearest centre, as a search over all layers finds it") {
+  for (int layers = 1; layers <= 40; ++layers)
+    for (int source = 1; source <= 40; ++source) {
+      int previous = 0;
+      for (int l = 0; l < layers; ++l) {
+        CAPTURE(layers);
+        CAPTURE(source);
+        CAPTURE(l);
+        const int s = dc::math::layer_at_same_depth(l, layers, source);
+        CHECK(s == nearest_by_search(l, layers, source));
+        CHECK(s >= previous);  // deeper layers map no shallower
+        previous = s;
+        if (layers == source) CHECK(s == l);
+      }
+    }
+  // The first and last layers map to the first and last wherever the target is not deeper
+  // than the source's half (SmolLM2's 30 layers onto Gemma 3's 18: 0 -> 0, 17 -> 29).
+  CHECK(dc::math::layer_at_same_depth(0, 18, 30) == 0);
+  CHECK(dc::math::layer_at_same_depth(17, 18, 30) == 29);
+  CHECK_THROWS_WITH_AS(dc::math::layer_at_same_depth(18, 18, 30), doctest::Contains("layer 18 of a model of 18"),
                        dc::Error);
+  CHECK_THROWS_WITH_AS(dc::math::layer_at_same_depth(0, 0, 30), doctest::Contains("must be positive"), dc::Error);
+}
+
+TEST_CASE("budget weights and layer lists carried to a model of another depth") {
+  const std::vector<double> weights{0.5, 1.0, 1.5, 2.0, 2.5};
+  CHECK(dc::layer_budget_weights_at_depth(weights, 5) == weights);
+  CHECK(dc::layer_budget_weights_at_depth({}, 7).empty());
+  for (int layers : {1, 2, 3, 8, 13}) {
+    const auto mapped = dc::layer_budget_weights_at_depth(weights, layers);
+    REQUIRE(mapped.size() == std::size_t(layers));
+    for (int l = 0; l < layers; ++l)
+      CHECK(mapped[std::size_t(l)] == weights[std::size_t(nearest_by_search(l, layers, 5))]);
+  }
+  // SmolLM2's retrieval layers 18-20 (of 30) on an 18-layer model: layer l is listed iff its
+  // nearest source layer is.
+  const std::vector<int> retrieval{18, 19, 20};
+  const auto on_gemma = dc::layer_list_at_depth(retrieval, 30, 18);
+  for (int l = 0; l < 18; ++l) {
+    const int s = nearest_by_search(l, 18, 30);
+    CHECK((std::find(on_gemma.begin(), on_gemma.end(), l) != on_gemma.end()) == (s >= 18 && s <= 20));
+  }
+  CHECK(!on_gemma.empty());
+  CHECK(std::is_sorted(on_gemma.begin(), on_gemma.end()));
+  CHECK(dc::layer_list_at_depth(retrieval, 30, 30) == retrieval);
+  // A shallower model can miss a listed layer altogether: of 4 layers, layer 0 is nobody's
+  // nearest on 2 (their centres map to 1 and 3).
+  CHECK(dc::layer_list_at_depth(std::vector<int>{0}, 4, 2).empty());
+  CHECK(dc::layer_list_at_depth(std::vector<int>{2, 3}, 4, 2) == std::vector<int>{1});
 }
 
 TEST_CASE("the learned policy keeps its layer weights in the checkpoint and rejects bad ones") {

@@ -497,6 +497,18 @@ TEST_CASE("newest-query reserve: each group keeps the rows its layer's newest qu
       CHECK(limited[std::size_t(r)] == (in_layer_one ? scores : h2o)[std::size_t(r)]);
     }
     CHECK(dc::MlpPolicy::from_checkpoint(layer_one.to_checkpoint()).newest_query_reserve_layers() == std::vector<int>{1});
+    // Written for 4 layers: layers 2-3 are this model's layer 1 (layer_one's scores); layer 0
+    // is no layer's nearest here, and a reserve list that maps to no layer means no reserve,
+    // not every layer (an empty list's meaning).
+    dc::MlpPolicy deeper = policy;
+    deeper.set_layer_rules_depth(4);
+    deeper.set_newest_query_reserve_layers({2, 3});
+    std::vector<float> mapped(std::size_t(f.size));
+    deeper.score(f, 8, mapped);
+    CHECK(mapped == limited);
+    deeper.set_newest_query_reserve_layers({0});
+    deeper.score(f, 8, mapped);
+    CHECK(mapped == h2o);
     CHECK(dc::MlpPolicy::from_checkpoint(policy.to_checkpoint()).newest_query_reserve_layers().empty());
     CHECK_THROWS_WITH_AS(layer_one.set_newest_query_reserve_layers({0, 0}), doctest::Contains("names a layer twice"), dc::Error);
     auto bad_layers = layer_one.to_checkpoint();
@@ -527,6 +539,38 @@ TEST_CASE("newest-query reserve: each group keeps the rows its layer's newest qu
     }
     CHECK(dc::MlpPolicy::from_checkpoint(tova_layer.to_checkpoint()).newest_query_layers() == std::vector<int>{1});
     CHECK(dc::MlpPolicy::from_checkpoint(policy.to_checkpoint()).newest_query_layers().empty());
+    {  // Written for a 4-layer model: layer 3's rule is this 2-layer model's layer 1's (its nearest
+      // by depth, math/layer_depth.hpp), so the scores are tova_layer's.
+      dc::MlpPolicy deeper = policy;
+      deeper.set_layer_rules_depth(4);
+      deeper.set_newest_query_layers({3});
+      std::vector<float> mapped(std::size_t(f.size));
+      deeper.score(f, 8, mapped);
+      CHECK(mapped == given);
+      const auto c = deeper.to_checkpoint();
+      CHECK(c.extra["layer_rules_model_layers"] == 4);
+      CHECK(dc::MlpPolicy::from_checkpoint(c).layer_rules_depth() == 4);
+      CHECK_THROWS_WITH_AS(deeper.set_newest_query_layers({4}), doctest::Contains("layer 4 named in rules for a model of 4"),
+                           dc::Error);
+      CHECK_THROWS_WITH_AS(deeper.set_layer_budget_weights({1.0, 2.0}),
+                           doctest::Contains("2 layer budget weights for rules written for a model of 4"), dc::Error);
+      auto bad = c;
+      bad.extra["layer_rules_model_layers"] = 0;
+      CHECK_THROWS_WITH_AS(dc::MlpPolicy::from_checkpoint(bad), doctest::Contains("'layer_rules_model_layers' is 0, not a layer count"),
+                           dc::Error);
+      bad.extra["layer_rules_model_layers"] = 3;  // layer 3 listed
+      CHECK_THROWS_WITH_AS(dc::MlpPolicy::from_checkpoint(bad), doctest::Contains("layer 3 named in rules for a model of 3"),
+                           dc::Error);
+      // Budget weights give the depth; a file with them does not repeat it.
+      dc::MlpPolicy weighted = policy;
+      weighted.set_layer_budget_weights({1.0, 1.0, 1.0, 1.0});
+      weighted.set_newest_query_layers({3});
+      CHECK(weighted.layer_rules_depth() == 4);
+      CHECK(!weighted.to_checkpoint().extra.contains("layer_rules_model_layers"));
+      std::vector<float> by_weights(std::size_t(f.size));
+      weighted.score(f, 8, by_weights);
+      CHECK(by_weights == given);
+    }
     // A layer the model does not have is named at scoring time.
     tova_layer.set_newest_query_layers({1, 2});
     CHECK_THROWS_WITH_AS(tova_layer.score(f, 8, given), doctest::Contains("layer 2 named, the model has 2 layers"), dc::Error);

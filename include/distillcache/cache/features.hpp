@@ -86,6 +86,7 @@ struct TokenFeatures {
   Granularity granularity = Granularity::shared;
   int size = 0;             // rows
   int latest_position = 0;  // position of the newest token
+  int num_layers = 0;       // the model's layers, evictable or not (0 when built by hand: see model_layers())
   std::vector<FeatureGroup> groups;
   // Per row.
   std::vector<std::int32_t> group;     // index into groups
@@ -109,6 +110,12 @@ struct TokenFeatures {
   std::vector<double> group_value_norm_sum;
 
   int num_groups() const { return int(groups.size()); }
+  // The model's layer count: num_layers, or where it is 0 the layers the groups reach.
+  int model_layers() const {
+    int layers = num_layers;
+    for (const FeatureGroup& g : groups) layers = std::max(layers, g.layer_end);
+    return layers;
+  }
   float feature(int row, Feature f) const { return columns[std::size_t(f)][std::size_t(row)]; }
   const float* column(Feature f) const { return columns[std::size_t(f)].data(); }
   float* column(Feature f) { return columns[std::size_t(f)].data(); }
@@ -147,6 +154,8 @@ struct TokenFeatures {
                "features: group ", g, " covers rows [", groups[g].row_begin, ", ", groups[g].row_end,
                "), expected to start at ", next, " and end by ", size);
       next = groups[g].row_end;
+      DC_CHECK(num_layers == 0 || groups[g].layer_end <= num_layers, "features: group ", g, " reaches layer ",
+               groups[g].layer_end - 1, " of a model of ", num_layers, " layers");
     }
     DC_CHECK(next == size, "features: groups cover ", next, " of ", size, " rows");
     DC_CHECK(group_value_norm_sum.empty() || group_value_norm_sum.size() == groups.size(),
@@ -367,6 +376,7 @@ void gather_features_into(TokenFeatures& f, const Context<B>& ctx, const KVCache
   f.granularity = granularity;
   f.size = 0;
   f.latest_position = cache.next_position() - 1;
+  f.num_layers = layers;
   f.groups.clear();
   // Each layer's statistics on the host, [kv_heads, rows, stride]: read in place on the CPU; a
   // copy of the valid slots (stride = length) from a GPU.

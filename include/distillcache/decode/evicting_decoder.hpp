@@ -12,6 +12,7 @@
 // the policy shares the budget unevenly among layers (EvictionPolicy::layer_budget_weights, at
 // the layer and head granularities): layer l then keeps B_l slots per head, the B_l adding up to
 // B x (evictable layers) (math/layer_budgets.hpp), fixed at prompt compression for the whole run.
+// Weights written for a model of another depth apply by relative depth (math/layer_depth.hpp).
 //
 // What the budget counts: the slots of each evictable layer (KVCache::evictable). On a model
 // with local sliding-window layers (Gemma 3) those are the global layers; every eviction also
@@ -26,6 +27,7 @@
 #include <vector>
 
 #include "../model/transformer.hpp"
+#include "../policy/layer_lists.hpp"
 #include "../policy/policy.hpp"
 #include "../policy/select.hpp"
 #include "../cache/budget.hpp"
@@ -159,12 +161,10 @@ class EvictingDecoder {
   void resolve_layer_budgets(int n) {
     layer_budgets_.clear();
     largest_budget_ = budget_tokens_;
-    const std::span<const double> weights = policy_.layer_budget_weights();
-    if (weights.empty() || granularity_ == Granularity::shared || !policy_.evicts()) return;
+    if (policy_.layer_budget_weights().empty() || granularity_ == Granularity::shared || !policy_.evicts()) return;
     const int layers = cache_.num_layers();
-    DC_CHECK(int(weights.size()) == layers, "policy '", policy_.name(), "' gives budget weights for ",
-             weights.size(), " layers, the model has ", layers, " (weights per layer belong to one model; "
-             "examples/derive --layer-budget-weights none writes a copy without them, or use --granularity shared)");
+    // Written for a model of another depth: each layer takes the weight at its relative depth.
+    const std::vector<double> weights = layer_budget_weights_at_depth(policy_.layer_budget_weights(), layers);
     DC_CHECK(selector_ == nullptr, "EvictingDecoder: policy '", policy_.name(), "' shares the budget "
              "unevenly among layers, which sampled keep-sets (the trainer's) do not support yet");
     std::vector<char> evictable(static_cast<std::size_t>(layers));

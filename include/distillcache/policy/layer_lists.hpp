@@ -1,7 +1,8 @@
 #pragma once
 // Layers named in option text: lists of layers and FIRST-LAST ranges ("8-15,20"; MlpPolicy's
 // newest_query_layers and newest_query_reserve_layers) and budget weights per layer
-// ("18-20=1.5": MlpPolicy's layer_budget_weights, math/layer_budgets.hpp).
+// ("18-20=1.5": MlpPolicy's layer_budget_weights, math/layer_budgets.hpp), and both carried to a
+// model of another depth (math/layer_depth.hpp).
 #include <algorithm>
 #include <span>
 #include <sstream>
@@ -13,6 +14,7 @@
 #include "../core/error.hpp"
 #include "../core/parse_text.hpp"
 #include "../math/layer_budgets.hpp"
+#include "../math/layer_depth.hpp"
 
 namespace dc {
 
@@ -130,6 +132,29 @@ inline std::string describe_layer_budget_weights(std::span<const double> weights
     l = j + 1;
   }
   return out.str();
+}
+
+// Budget weights written for a model of weights.size() layers, for a model of `layers` layers:
+// each layer takes the weight of the layer at the same relative depth (math/layer_depth.hpp).
+// Unchanged when the depths agree; empty stays empty (no weights: every layer keeps the budget).
+inline std::vector<double> layer_budget_weights_at_depth(std::span<const double> weights, int layers) {
+  if (weights.empty() || weights.size() == std::size_t(layers)) return {weights.begin(), weights.end()};
+  std::vector<double> out(static_cast<std::size_t>(layers));
+  for (int l = 0; l < layers; ++l)
+    out[std::size_t(l)] = weights[std::size_t(math::layer_at_same_depth(l, layers, int(weights.size())))];
+  return out;
+}
+
+// A sorted list of layers of a model of `source_layers` layers, for a model of `layers` layers:
+// the layers whose same-depth source layer is in the list (math/layer_depth.hpp). May be empty
+// when the model is shallower (no layer's centre lands in the listed ones).
+inline std::vector<int> layer_list_at_depth(std::span<const int> list, int source_layers, int layers) {
+  if (source_layers == layers) return {list.begin(), list.end()};
+  std::vector<int> out;
+  for (int l = 0; l < layers; ++l)
+    if (std::binary_search(list.begin(), list.end(), math::layer_at_same_depth(l, layers, source_layers)))
+      out.push_back(l);
+  return out;
 }
 
 }  // namespace dc

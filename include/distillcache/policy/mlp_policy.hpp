@@ -21,8 +21,14 @@
 //
 // layer_budget_weights (none by default): how the budget is shared among layers
 // (math/layer_budgets.hpp), e.g. from what evicting each layer alone costs on training text
-// (eval/layer_sensitivity.hpp; no command writes them yet). Kept in the checkpoint's "extra"
+// (eval/layer_sensitivity.hpp; train --layer-budget-weights). Kept in the checkpoint's "extra"
 // object, so older files load unchanged.
+//
+// Rules per layer (the budget weights, newest_query_reserve_layers, newest_query_layers) belong
+// to the model they were written for: layer_rules_depth() is its layer count. On a model of
+// another depth each layer takes the rule of the layer at the same relative depth
+// (math/layer_depth.hpp), so a policy trained on SmolLM2 (30 layers) runs on Gemma 3 (18):
+// the decoder maps the weights, score() the lists.
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -40,6 +46,7 @@
 #include "../math/layer_budgets.hpp"
 #include "policy.hpp"
 #include "mlp_scoring.hpp"
+#include "layer_lists.hpp"
 #include "newest_query_reserve.hpp"
 #include "policy_inputs.hpp"
 
@@ -92,6 +99,12 @@ class MlpPolicy final : public EvictionPolicy {
     }
     MlpLayout layout(int(inputs.size()), c.hidden, parse_activation(c.activation));
     MlpPolicy policy(std::move(inputs), std::move(layout), c.weights, window, std::move(name));
+    if (c.extra.contains("layer_rules_model_layers")) {
+      const auto& d = c.extra["layer_rules_model_layers"];
+      DC_CHECK(d.is_number_integer() && d.get<long>() > 0 && d.get<long>() < (1L << 20), "policy checkpoint: "
+               "'layer_rules_model_layers' is ", d.dump(), ", not a layer count");
+      policy.set_layer_rules_depth(d.get<int>());
+    }
     if (c.extra.contains("layer_budget_weights")) {
       const auto& w = c.extra["layer_budget_weights"];
       DC_CHECK(w.is_array() && !w.empty(), "policy checkpoint: 'layer_budget_weights' is not a non-empty array");
@@ -155,14 +168,37 @@ class MlpPolicy final : public EvictionPolicy {
     if (!reserve_layers_.empty()) c.extra["newest_query_reserve_layers"] = reserve_layers_;
     if (score_base_ != ScoreBase::none) c.extra["score_base"] = score_base_name(score_base_);
     if (!layer_weights_.empty()) c.extra["layer_budget_weights"] = layer_weights_;
+    // The weights' count is the depth; without weights the lists need it said (written only
+    // then, so a file with weights reads as before).
+    else if (layer_rules_depth_ > 0 && (!reserve_layers_.empty() || !newest_query_layers_.empty()))
+      c.extra["layer_rules_model_layers"] = layer_rules_depth_;
     return c;
   }
 
   std::span<const double> layer_budget_weights() const override { return layer_weights_; }
-  // One positive, finite weight per model layer (the decoder checks the count); empty: uniform.
+  // One positive, finite weight per layer of the model they are written for (on another model
+  // the decoder maps them by depth); empty: uniform.
   void set_layer_budget_weights(std::vector<double> weights) {
     check_layer_budget_weights(weights, "mlp policy");
+    DC_CHECK(weights.empty() || layer_rules_depth_ == 0 || weights.size() == std::size_t(layer_rules_depth_),
+             "mlp policy: ", weights.size(), " layer budget weights for rules written for a model of ",
+             layer_rules_depth_, " layers");
     layer_weights_ = std::move(weights);
+    check_layer_lists();
+  }
+
+  // The layer count of the model the rules per layer were written for: the weights' count, else
+  // the depth set with set_layer_rules_depth (0: unset); 0 where neither says (the lists then
+  // apply as written, and a layer the model lacks is an error).
+  int layer_rules_depth() const override {
+    return layer_weights_.empty() ? layer_rules_depth_ : int(layer_weights_.size());
+  }
+  void set_layer_rules_depth(int layers) {
+    DC_CHECK(layers >= 0, "mlp policy: negative layer count ", layers);
+    DC_CHECK(layers == 0 || layer_weights_.empty() || layers == int(layer_weights_.size()), "mlp policy: rules for a model of ",
+             layers, " layers, but ", layer_weights_.size(), " layer budget weights");
+    layer_rules_depth_ = layers;
+    check_layer_lists();
   }
 
   double recent_fraction() const { return recent_fraction_; }
@@ -194,6 +230,7 @@ class MlpPolicy final : public EvictionPolicy {
   const std::vector<int>& newest_query_reserve_layers() const { return reserve_layers_; }
   void set_newest_query_reserve_layers(std::vector<int> layers) {
     reserve_layers_ = sorted_layer_list(std::move(layers), "newest_query_reserve_layers");
+    check_layer_lists();
   }
   // Layers whose whole budget goes to the rows the layer's newest query attends to most (TOVA's
   // choice at the layer level; neither the recent window, the reserve nor the MLP chooses
@@ -204,6 +241,7 @@ class MlpPolicy final : public EvictionPolicy {
   const std::vector<int>& newest_query_layers() const { return newest_query_layers_; }
   void set_newest_query_layers(std::vector<int> layers) {
     newest_query_layers_ = sorted_layer_list(std::move(layers), "newest_query_layers");
+    check_layer_lists();
   }
   // The rows kept for the newest query at a budget of `budget` slots per group when the context
   // holds `tokens` (the budget's fraction picks the share).
@@ -265,8 +303,19 @@ class MlpPolicy final : public EvictionPolicy {
   void score_slots(const TokenFeatures& f, int budget, std::span<float> scores) override {
     // forward's bits, the recent window +inf (not scored at all where a tile is all recent)
     mlp_policy_scores(f, inputs_, budget, layout_, params_.data(), scores, recent_tokens(budget), score_base_);
-    reserve_newest_query_rows(f, reserve_tokens(budget, f.latest_position + 1), scores, reserve_layers_);
-    give_layers_to_newest_query(f, budget, newest_query_layers_, scores);
+    const int depth = layer_rules_depth(), model_layers = f.model_layers();
+    if (depth == 0 || depth == model_layers) {
+      reserve_newest_query_rows(f, reserve_tokens(budget, f.latest_position + 1), scores, reserve_layers_);
+      give_layers_to_newest_query(f, budget, newest_query_layers_, scores);
+      return;
+    }
+    // Another model: the lists at the same depth. An empty reserve list means every layer, so
+    // a list that maps to no layer means no reserve.
+    const std::vector<int> reserve_layers = layer_list_at_depth(reserve_layers_, depth, model_layers);
+    const bool reserve_nowhere = !reserve_layers_.empty() && reserve_layers.empty();
+    reserve_newest_query_rows(f, reserve_nowhere ? 0 : reserve_tokens(budget, f.latest_position + 1), scores,
+                              reserve_layers);
+    give_layers_to_newest_query(f, budget, layer_list_at_depth(newest_query_layers_, depth, model_layers), scores);
   }
 
  private:
@@ -291,6 +340,15 @@ class MlpPolicy final : public EvictionPolicy {
     return layers;
   }
 
+  // Every listed layer inside the model the rules are written for, where its depth is known.
+  void check_layer_lists() const {
+    const int depth = layer_rules_depth();
+    if (depth == 0) return;
+    for (const auto* list : {&reserve_layers_, &newest_query_layers_})
+      DC_CHECK(list->empty() || list->back() < depth, "mlp policy: layer ", list->empty() ? 0 : list->back(),
+               " named in rules for a model of ", depth, " layers");
+  }
+
   // The recent window and the reserve are both taken out of the budget before the MLP chooses.
   static void check_forced_share(double recent, double reserve) {
     DC_CHECK(recent + reserve < 1.0, "mlp policy: recent_fraction ", recent, " plus newest_query_reserve ",
@@ -307,6 +365,7 @@ class MlpPolicy final : public EvictionPolicy {
   std::vector<int> reserve_layers_;
   ScoreBase score_base_ = ScoreBase::none;
   std::vector<double> layer_weights_;
+  int layer_rules_depth_ = 0;  // set_layer_rules_depth; the weights' count takes precedence
   std::string name_;
 };
 

@@ -95,12 +95,8 @@ inline void reserve_newest_query_rows(const TokenFeatures& f, int reserve, std::
   DC_CHECK(scores.size() >= std::size_t(f.size), "newest-query reserve: ", scores.size(), " scores for ",
            f.size, " rows");
   if (reserve == 0 || f.size == 0) return;
-  if (!layers.empty()) {
-    int model_layers = 0;
-    for (const FeatureGroup& g : f.groups) model_layers = std::max(model_layers, g.layer_end);
-    DC_CHECK(layers.back() < model_layers, "newest-query rows: layer ", layers.back(), " named, the model has ",
-             model_layers, " layers");
-  }
+  DC_CHECK(layers.empty() || layers.back() < f.model_layers(), "newest-query rows: layer ", layers.back(),
+           " named, the model has ", f.model_layers(), " layers");
   const std::vector<float> mass = layer_last_query_mass(f, layers);  // only the layers it ranks
   const int groups = f.num_groups();
   DC_OMP(parallel for schedule(dynamic) if (groups > 1 && f.size > 4096))

@@ -53,6 +53,10 @@ class EvictionPolicy {
   // default): every layer keeps the budget. Applied at the layer and head granularities (a shared
   // keep-set has one budget for all layers).
   virtual std::span<const double> layer_budget_weights() const { return {}; }
+  // The layer count of the model the policy's rules per layer (the weights above and any layer
+  // lists) were written for; 0 where it has none. On a model of another depth they apply by
+  // relative depth (math/layer_depth.hpp; the decoder maps the weights).
+  virtual int layer_rules_depth() const { return int(layer_budget_weights().size()); }
   // The policy's scores at the head granularity as a ScoreRule for a budget of `budget`, where
   // they are one; nullopt (the default) where not. It must give exactly score()'s scores: the
   // decoder then evicts without forming features (decode/in_place_eviction.hpp).
