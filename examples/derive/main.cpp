@@ -1,7 +1,7 @@
 // derive: a copy of a policy file with other forced rules or a linear-correction weight zeroed.
 //
 // The rules a policy forces without a choice (the recent window, the newest-query reserve and
-// its layers, the newest-query layers; docs/design.md) are settings, not weights: a measurement
+// its layers, the reserve elsewhere, the newest-query layers; docs/design.md) are settings, not weights: a measurement
 // of "v4 with a reserve" needs v4's weights under another rule, not a new training run. Every
 // such variant in bench/results/policies/ is this program's output; the file notes what it was
 // derived from (extra.derived) and is validated by loading it before it is written.
@@ -18,8 +18,8 @@
 int main(int argc, char** argv) {
   using namespace dc_examples;
   CLI::App app{"Writes a copy of a policy file with other forced rules or an input's weight zeroed (distillcache)."};
-  std::string from_path, out_path, reserve_arg, reserve_layers_arg, newest_query_layers_arg, zero_input,
-      layer_weights_arg;
+  std::string from_path, out_path, reserve_arg, reserve_layers_arg, reserve_elsewhere_arg, newest_query_layers_arg,
+      zero_input, layer_weights_arg;
   double recent_fraction = -1.0;
   int model_layers = 0;
   app.add_option("--from", from_path, "the policy file to start from (.dcpolicy)")->required();
@@ -30,6 +30,8 @@ int main(int argc, char** argv) {
                  "query attends to most: one share (0.25) or shares by budget fraction (0.125:0,0.25:0.25); 0 removes it");
   app.add_option("--newest-query-reserve-layers", reserve_layers_arg, "apply the reserve in these layers only "
                  "(a list of layers and FIRST-LAST ranges; 'none': every layer)");
+  app.add_option("--newest-query-reserve-elsewhere", reserve_elsewhere_arg, "a reserve of its own for the layers "
+                 "outside --newest-query-reserve-layers, in the same format; 0 removes it");
   app.add_option("--newest-query-layers", newest_query_layers_arg, "layers whose whole budget goes to the rows the "
                  "layer's newest query attends to most ('none': no layer)");
   app.add_option("--layer-budget-weights", layer_weights_arg, "share the budget among layers by these weights "
@@ -60,9 +62,15 @@ int main(int argc, char** argv) {
              "--model-layers ", model_layers, ": '", from_path, "' holds rules for a model of ", depth_before,
              " layers (give --layer-budget-weights too, to replace its weights)");
     if (model_layers > 0 && layer_weights_arg.empty()) policy.set_layer_rules_depth(model_layers);
+    // The reserve elsewhere needs reserve layers: cleared before they change, set after.
+    if (!reserve_elsewhere_arg.empty()) policy.set_newest_query_reserve_elsewhere({});
     if (!reserve_layers_arg.empty()) {
       policy.set_newest_query_reserve_layers(dc::parse_layer_list(reserve_layers_arg));
       note("newest_query_reserve_layers " + reserve_layers_arg);
+    }
+    if (!reserve_elsewhere_arg.empty()) {
+      policy.set_newest_query_reserve_elsewhere(dc::parse_reserve_schedule(reserve_elsewhere_arg));
+      note("newest_query_reserve_elsewhere " + reserve_elsewhere_arg);
     }
     DC_CHECK(policy.newest_query_reserve_layers().empty() || !policy.newest_query_reserve().empty(),
              "--newest-query-reserve-layers needs a newest-query reserve (the file has none; give --newest-query-reserve)");
@@ -100,8 +108,9 @@ int main(int argc, char** argv) {
     // The file's other extras (its training record, its search) stay; the rules and weights are
     // the policy's own.
     const dc::PolicyCheckpoint rules = policy.to_checkpoint();
-    for (const char* key : {"recent_fraction", "newest_query_reserve", "newest_query_reserve_layers", "newest_query_layers",
-                            "layer_budget_weights", "layer_rules_model_layers"}) {
+    for (const char* key : {"recent_fraction", "newest_query_reserve", "newest_query_reserve_layers",
+                            "newest_query_reserve_elsewhere", "newest_query_layers", "layer_budget_weights",
+                            "layer_rules_model_layers"}) {
       c.extra.erase(key);
       if (rules.extra.contains(key)) c.extra[key] = rules.extra[key];
     }

@@ -72,6 +72,7 @@ int main(int argc, char** argv) {
       max_train_contexts = 100000, window = 32, batch = 32, prune_context = 0;
   double recent_fraction = 0.0;
   std::string reserve_arg = "0";
+  std::string reserve_elsewhere_arg = "0";
   std::string newest_query_layers_arg, reserve_layers_arg, layer_weights_arg;
   std::string score_base_arg = "none";
   app.add_option("--model", model_path, "GGUF model file")->required();
@@ -128,6 +129,9 @@ int main(int argc, char** argv) {
                  "on SmolLM2; docs/design.md); a list of layers and FIRST-LAST ranges");
   app.add_option("--newest-query-reserve-layers", reserve_layers_arg, "apply --newest-query-reserve in these "
                  "layers only (a list of layers and FIRST-LAST ranges; default all)");
+  app.add_option("--newest-query-reserve-elsewhere", reserve_elsewhere_arg, "a reserve of its own, in the format of "
+                 "--newest-query-reserve, for the layers outside --newest-query-reserve-layers (e.g. 0.25:0,0.5:0.3: "
+                 "none up to 25 % of the context, 0.3 of the budget at 50 %)");
   app.add_option("--layer-budget-weights", layer_weights_arg, "share the budget among layers by these weights "
                  "(docs/design.md, \"Budgets per layer\"): LAYERS=WEIGHT items, every other layer 1 (18-20=1.5: "
                  "SmolLM2's retrieval layers keep 1.5x the others' share), or one weight per layer; needs "
@@ -217,6 +221,9 @@ int main(int argc, char** argv) {
     const std::vector<int> reserve_layers = dc::parse_layer_list(reserve_layers_arg);
     DC_CHECK(reserve_layers.empty() || !newest_query_reserve.empty(), "--newest-query-reserve-layers needs "
              "--newest-query-reserve");
+    const std::vector<dc::SchedulePoint> reserve_elsewhere = dc::parse_reserve_schedule(reserve_elsewhere_arg);
+    DC_CHECK(reserve_elsewhere.empty() || !reserve_layers.empty(), "--newest-query-reserve-elsewhere needs "
+             "--newest-query-reserve-layers (without them the reserve is in every layer)");
     // Budgets per layer: the greedy keep-sets of the search take them; sampled ones (REINFORCE's
     // GumbelSelector) do not yet, and a shared keep-set has no layers to share among.
     DC_CHECK(layer_weights_arg.empty() || layer_weights_arg == "none" || search_rounds > 0,
@@ -228,13 +235,17 @@ int main(int argc, char** argv) {
     auto apply_forced_rules = [&](dc::MlpPolicy& p) {
       p.set_recent_fraction(recent_fraction);
       p.set_newest_query_reserve(newest_query_reserve);
+      p.set_newest_query_reserve_elsewhere({});  // it needs the layers: cleared before, set after
       p.set_newest_query_reserve_layers(reserve_layers);
+      p.set_newest_query_reserve_elsewhere(reserve_elsewhere);
       p.set_newest_query_layers(newest_query_layers);
       p.set_score_base(score_base);
     };
-    DC_CHECK(recent_fraction + dc::max_reserve_share(newest_query_reserve) < 1.0, "--recent-fraction ",
-             recent_fraction, " plus --newest-query-reserve ", reserve_arg, " leave nothing of the budget to the "
-             "policy (their sum must be below 1)");
+    for (const auto& [reserve, text] : {std::pair{&newest_query_reserve, &reserve_arg},
+                                        std::pair{&reserve_elsewhere, &reserve_elsewhere_arg}})
+      DC_CHECK(recent_fraction + dc::max_reserve_share(*reserve) < 1.0, "--recent-fraction ", recent_fraction,
+               " plus --newest-query-reserve", reserve == &reserve_elsewhere ? "-elsewhere " : " ", *text,
+               " leave nothing of the budget to the policy (their sum must be below 1)");
     DC_CHECK(score_base == dc::ScoreBase::none || init_target == "none" || !resume_path.empty(),
              "--score-base ", score_base_arg, " starts from the base's own ranking (a zero output layer): "
              "give --init-target none, not '", init_target, "'");

@@ -517,6 +517,9 @@ std::vector<BadInput> bad_inputs(const dc_test::TempDir& tmp) {
     policy.set_recent_fraction(0.5);
     policy.set_newest_query_reserve(0.5);
   }, "mlp policy: recent_fraction 0.5 plus newest_query_reserve 0.5 leave nothing of the budget to the MLP (their sum must be below 1)");
+  add("MlpPolicy::set_newest_query_reserve_elsewhere", "no reserve layers", [&] {
+    dc::MlpPolicy::initialised(dc::paper_policy_inputs(), {4}, 1).set_newest_query_reserve_elsewhere({{1.0, 0.25}});
+  }, "mlp policy: a reserve elsewhere needs newest_query_reserve_layers (without them the reserve is in every layer and nothing is elsewhere)");
   add("MlpPolicy::set_newest_query_layers", "a layer twice", [&] {
     dc::MlpPolicy::initialised(dc::paper_policy_inputs(), {4}, 1).set_newest_query_layers({3, 1, 3});
   }, "mlp policy: newest_query_layers names a layer twice");

@@ -515,6 +515,58 @@ TEST_CASE("newest-query reserve: each group keeps the rows its layer's newest qu
     bad_layers.extra["newest_query_reserve_layers"] = nlohmann::json::array({"x"});
     CHECK_THROWS_WITH_AS(dc::MlpPolicy::from_checkpoint(bad_layers), doctest::Contains("holds \"x\", not a layer index"), dc::Error);
   }
+  {  // A reserve elsewhere: layer 1 keeps the reserve of 0.25 (2 rows at a budget of 8), layer 0
+    // its own, here 3 rows at this budget's fraction 2/3 (the schedule's 0.375). Each layer then
+    // scores as a policy with that reserve in every layer (scores; by_schedule above).
+    dc::MlpPolicy layer_one = policy;
+    layer_one.set_newest_query_reserve_layers(dc::parse_layer_list("1"));
+    layer_one.set_newest_query_reserve_elsewhere(schedule);
+    CHECK(layer_one.reserve_elsewhere_tokens(8, 12) == 3);
+    std::vector<float> two_reserves(std::size_t(f.size)), three_everywhere(std::size_t(f.size));
+    layer_one.score(f, 8, two_reserves);
+    dc::MlpPolicy three = policy;
+    three.set_newest_query_reserve(schedule);
+    three.score(f, 8, three_everywhere);
+    for (int r = 0; r < f.size; ++r) {
+      CAPTURE(r);
+      const bool in_layer_one = f.groups[std::size_t(f.group[std::size_t(r)])].layer_begin == 1;
+      CHECK(two_reserves[std::size_t(r)] == (in_layer_one ? scores : three_everywhere)[std::size_t(r)]);
+    }
+    // Below the schedule's first point there is none elsewhere: layer 0 scores as without a reserve.
+    CHECK(layer_one.reserve_elsewhere_tokens(1, 12) == 0);
+    const auto c = layer_one.to_checkpoint();
+    CHECK(c.extra["newest_query_reserve_elsewhere"] ==
+          nlohmann::json::array({{0.125, 0.0}, {0.25, 0.25}, {0.5, 0.375}}));
+    CHECK(dc::MlpPolicy::from_checkpoint(c).newest_query_reserve_elsewhere() == schedule);
+    CHECK_FALSE(layer_one.same_forced_rules(policy));
+    CHECK_FALSE(policy.to_checkpoint().extra.contains("newest_query_reserve_elsewhere"));
+    // Written for 4 layers: layers 2-3 are this model's layer 1, so layer 0 is elsewhere; a
+    // reserve list that maps to no layer leaves every layer elsewhere.
+    dc::MlpPolicy deeper = policy;
+    deeper.set_layer_rules_depth(4);
+    deeper.set_newest_query_reserve_layers({2, 3});
+    deeper.set_newest_query_reserve_elsewhere(schedule);
+    std::vector<float> mapped(std::size_t(f.size));
+    deeper.score(f, 8, mapped);
+    CHECK(mapped == two_reserves);
+    deeper.set_newest_query_reserve_elsewhere({});
+    deeper.set_newest_query_reserve_layers({0});
+    deeper.set_newest_query_reserve_elsewhere(schedule);
+    deeper.score(f, 8, mapped);
+    CHECK(mapped == three_everywhere);
+    // Without reserve layers nothing is elsewhere: refused either way round.
+    CHECK_THROWS_WITH_AS(layer_one.set_newest_query_reserve_layers({}), doctest::Contains("a reserve elsewhere needs"),
+                         dc::Error);
+    dc::MlpPolicy everywhere = policy;
+    CHECK_THROWS_WITH_AS(everywhere.set_newest_query_reserve_elsewhere(schedule),
+                         doctest::Contains("a reserve elsewhere needs"), dc::Error);
+    auto bad = c;
+    bad.extra["newest_query_reserve_elsewhere"] = "half";
+    CHECK_THROWS_WITH_AS(dc::MlpPolicy::from_checkpoint(bad),
+                         doctest::Contains("'newest_query_reserve_elsewhere' is neither a number"), dc::Error);
+    CHECK(dc::layers_outside(std::vector<int>{1, 3}, 5) == std::vector<int>{0, 2, 4});
+    CHECK(dc::layers_outside(std::vector<int>{}, 2) == std::vector<int>{0, 1});
+  }
   {  // Layer 1 given to the newest query: its groups keep the 8 positions with the largest layer
     // mean (from the formula, ties to the newer), whatever the window and the reserve chose; layer
     // 0's groups score as before.

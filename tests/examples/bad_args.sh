@@ -324,6 +324,7 @@ if [ -n "$train_bin" ]; then
   bad "train: newest-query layers backwards" train 1 "ends before it begins" -- "${T[@]}" --newest-query-layers 20-18
   bad "train: newest-query layer past the model" train 1 "the model has" -- "${T[@]}" --newest-query-layers 1,40
   bad "train: reserve layers without a reserve" train 1 "needs --newest-query-reserve" -- "${T[@]}" --newest-query-reserve-layers 1
+  bad "train: reserve elsewhere, no reserve layers" train 1 "needs --newest-query-reserve-layers" -- "${T[@]}" --newest-query-reserve 0.25 --newest-query-reserve-elsewhere 0.5:0.25
   bad "train: layer weights without search" train 1 "needs --search-rounds" -- "${T[@]}" --layer-budget-weights 1=2
   S=("${T[@]}" --search-rounds 2 --init-target none --activation relu --hidden 2)
   bad "train: layer weights, shared keep-set" train 1 "needs --granularity layer or head" -- "${S[@]}" --layer-budget-weights 1=2 --granularity shared
@@ -356,6 +357,7 @@ if [ -n "$derive_bin" ]; then
   bad "derive: --out missing"             derive 2 "--out is required"   -- --from "$linear_file"
   bad "derive: --from corrupt"            derive 1 "bad.dcpolicy"        -- --from bad.dcpolicy --out x.dcpolicy
   bad "derive: reserve layers, no reserve" derive 1 "needs a newest-query reserve" -- --from "$linear_file" --out x.dcpolicy --newest-query-reserve-layers 18-20
+  bad "derive: reserve elsewhere, every layer" derive 1 "a reserve elsewhere needs" -- --from "$linear_file" --out x.dcpolicy --newest-query-reserve 0.25 --newest-query-reserve-elsewhere 0.25
   bad "derive: recent plus reserve >= 1"  derive 1 "their sum must be below 1" -- --from "$linear_file" --out x.dcpolicy --newest-query-reserve 0.5
   bad "derive: --zero-input of an MLP"    derive 1 "must use ReLU"       -- --from "$policy_file" --out x.dcpolicy --zero-input alpha
   bad "derive: --zero-input it lacks"     derive 1 "has no input depth"  -- --from "$linear_file" --out x.dcpolicy --zero-input depth

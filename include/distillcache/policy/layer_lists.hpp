@@ -157,4 +157,12 @@ inline std::vector<int> layer_list_at_depth(std::span<const int> list, int sourc
   return out;
 }
 
+// The layers 0..layers-1 missing from a sorted list (an empty list: every layer).
+inline std::vector<int> layers_outside(std::span<const int> list, int layers) {
+  std::vector<int> out;
+  for (int l = 0; l < layers; ++l)
+    if (!std::binary_search(list.begin(), list.end(), l)) out.push_back(l);
+  return out;
+}
+
 }  // namespace dc

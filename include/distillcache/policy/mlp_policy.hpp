@@ -124,26 +124,14 @@ class MlpPolicy final : public EvictionPolicy {
                "policy checkpoint: 'recent_fraction' is not a number");
       policy.set_recent_fraction(c.extra["recent_fraction"].get<double>());
     }
-    if (c.extra.contains("newest_query_reserve")) {
-      // A number (one share) or [[fraction, share], ...] (a schedule).
-      const auto& r = c.extra["newest_query_reserve"];
-      std::vector<SchedulePoint> points;
-      if (r.is_number()) {
-        if (r.get<double>() != 0.0) points.push_back({1.0, r.get<double>()});
-      } else {
-        DC_CHECK(r.is_array() && !r.empty(), "policy checkpoint: 'newest_query_reserve' is neither a number nor "
-                 "a list of [fraction, share] pairs");
-        for (const auto& p : r) {
-          DC_CHECK(p.is_array() && p.size() == 2 && p[0].is_number() && p[1].is_number(), "policy checkpoint: "
-                   "'newest_query_reserve' holds ", p.dump(), ", not a [fraction, share] pair");
-          points.push_back({p[0].get<double>(), p[1].get<double>()});
-        }
-      }
-      policy.set_newest_query_reserve(std::move(points));
-    }
+    if (c.extra.contains("newest_query_reserve"))
+      policy.set_newest_query_reserve(reserve_schedule_from_json(c.extra["newest_query_reserve"], "newest_query_reserve"));
     if (c.extra.contains("newest_query_reserve_layers"))
       policy.set_newest_query_reserve_layers(layer_list_from_json(c.extra["newest_query_reserve_layers"],
                                                                   "newest_query_reserve_layers"));
+    if (c.extra.contains("newest_query_reserve_elsewhere"))
+      policy.set_newest_query_reserve_elsewhere(
+          reserve_schedule_from_json(c.extra["newest_query_reserve_elsewhere"], "newest_query_reserve_elsewhere"));
     if (c.extra.contains("newest_query_layers"))
       policy.set_newest_query_layers(layer_list_from_json(c.extra["newest_query_layers"], "newest_query_layers"));
     return policy;
@@ -158,14 +146,10 @@ class MlpPolicy final : public EvictionPolicy {
     c.weights = params_;
     c.extra["observation_window"] = window_;
     if (recent_fraction_ > 0.0) c.extra["recent_fraction"] = recent_fraction_;
-    if (reserve_.size() == 1 && reserve_[0].fraction == 1.0) {
-      c.extra["newest_query_reserve"] = reserve_[0].share;
-    } else if (!reserve_.empty()) {
-      c.extra["newest_query_reserve"] = nlohmann::json::array();
-      for (const SchedulePoint& p : reserve_) c.extra["newest_query_reserve"].push_back({p.fraction, p.share});
-    }
+    if (!reserve_.empty()) c.extra["newest_query_reserve"] = reserve_schedule_json(reserve_);
     if (!newest_query_layers_.empty()) c.extra["newest_query_layers"] = newest_query_layers_;
     if (!reserve_layers_.empty()) c.extra["newest_query_reserve_layers"] = reserve_layers_;
+    if (!reserve_elsewhere_.empty()) c.extra["newest_query_reserve_elsewhere"] = reserve_schedule_json(reserve_elsewhere_);
     if (score_base_ != ScoreBase::none) c.extra["score_base"] = score_base_name(score_base_);
     if (!layer_weights_.empty()) c.extra["layer_budget_weights"] = layer_weights_;
     // The weights' count is the depth; without weights the lists need it said (written only
@@ -205,7 +189,7 @@ class MlpPolicy final : public EvictionPolicy {
   void set_recent_fraction(double fraction) {
     DC_CHECK(std::isfinite(fraction) && fraction >= 0.0 && fraction < 1.0, "mlp policy: "
              "recent_fraction ", fraction, " outside [0, 1)");
-    check_forced_share(fraction, max_reserve_share(reserve_));
+    check_forced_share(fraction, std::max(max_reserve_share(reserve_), max_reserve_share(reserve_elsewhere_)));
     recent_fraction_ = fraction;
   }
   // The newest positions always kept at a budget of `budget` slots per group.
@@ -229,8 +213,23 @@ class MlpPolicy final : public EvictionPolicy {
   // (bench/results/README.md, "Retrieval layers", "v5 shipped", "v6 shipped").
   const std::vector<int>& newest_query_reserve_layers() const { return reserve_layers_; }
   void set_newest_query_reserve_layers(std::vector<int> layers) {
+    DC_CHECK(!layers.empty() || reserve_elsewhere_.empty(), "mlp policy: a reserve elsewhere needs "
+             "newest_query_reserve_layers (without them the reserve is in every layer and nothing is elsewhere)");
     reserve_layers_ = sorted_layer_list(std::move(layers), "newest_query_reserve_layers");
     check_layer_lists();
+  }
+  // The reserve of the layers outside newest_query_reserve_layers (empty: none there), a
+  // schedule of its own. Why a second one: the retrieval layers want a large reserve at every
+  // budget, the others none at 12.5 and 25 % (where any reserve costs text KL) but one at 50 %,
+  // where SmolLM2's retrieval layers keep their whole cache under 3x weights and the needle is
+  // lost in the other layers (bench/results/README.md, "v8 shipped").
+  const std::vector<SchedulePoint>& newest_query_reserve_elsewhere() const { return reserve_elsewhere_; }
+  void set_newest_query_reserve_elsewhere(std::vector<SchedulePoint> points) {
+    check_reserve_schedule(points);
+    DC_CHECK(points.empty() || !reserve_layers_.empty(), "mlp policy: a reserve elsewhere needs "
+             "newest_query_reserve_layers (without them the reserve is in every layer and nothing is elsewhere)");
+    check_forced_share(recent_fraction_, max_reserve_share(points));
+    reserve_elsewhere_ = std::move(points);
   }
   // Layers whose whole budget goes to the rows the layer's newest query attends to most (TOVA's
   // choice at the layer level; neither the recent window, the reserve nor the MLP chooses
@@ -246,9 +245,9 @@ class MlpPolicy final : public EvictionPolicy {
   }
   // The rows kept for the newest query at a budget of `budget` slots per group when the context
   // holds `tokens` (the budget's fraction picks the share).
-  int reserve_tokens(int budget, int tokens) const {
-    if (reserve_.empty() || tokens <= 0) return 0;
-    return int(math::schedule_share(reserve_, double(budget) / double(tokens)) * double(budget));
+  int reserve_tokens(int budget, int tokens) const { return scheduled_rows(reserve_, budget, tokens); }
+  int reserve_elsewhere_tokens(int budget, int tokens) const {
+    return scheduled_rows(reserve_elsewhere_, budget, tokens);
   }
 
   // Whether `other` forces the same rows as this policy (score base, recent window, reserve and
@@ -259,7 +258,7 @@ class MlpPolicy final : public EvictionPolicy {
   bool same_forced_rules(const MlpPolicy& other) const {
     return score_base_ == other.score_base_ && recent_fraction_ == other.recent_fraction_ &&
            reserve_ == other.reserve_ && reserve_layers_ == other.reserve_layers_ &&
-           newest_query_layers_ == other.newest_query_layers_;
+           reserve_elsewhere_ == other.reserve_elsewhere_ && newest_query_layers_ == other.newest_query_layers_;
   }
   std::string describe_forced_rules() const {
     std::ostringstream o;
@@ -267,6 +266,7 @@ class MlpPolicy final : public EvictionPolicy {
       << ", newest-query reserve " << describe_reserve_schedule(reserve_) << " in layers "
       << (reserve_layers_.empty() ? std::string("all") : describe_layer_list(reserve_layers_))
       << ", newest-query layers " << describe_layer_list(newest_query_layers_);
+    if (!reserve_elsewhere_.empty()) o << ", reserve elsewhere " << describe_reserve_schedule(reserve_elsewhere_);
     return o.str();
   }
 
@@ -305,17 +305,19 @@ class MlpPolicy final : public EvictionPolicy {
     // forward's bits, the recent window +inf (not scored at all where a tile is all recent)
     mlp_policy_scores(f, inputs_, budget, layout_, params_.data(), scores, recent_tokens(budget), score_base_);
     const int depth = layer_rules_depth(), model_layers = f.model_layers();
+    const int tokens = f.latest_position + 1;
     if (depth == 0 || depth == model_layers) {
-      reserve_newest_query_rows(f, reserve_tokens(budget, f.latest_position + 1), scores, reserve_layers_);
+      reserve_newest_query_rows(f, reserve_tokens(budget, tokens), scores, reserve_layers_);
+      reserve_elsewhere(f, budget, reserve_layers_, scores);
       give_layers_to_newest_query(f, budget, newest_query_layers_, scores);
       return;
     }
     // Another model: the lists at the same depth. An empty reserve list means every layer, so
-    // a list that maps to no layer means no reserve.
+    // a list that maps to no layer means no reserve (and every layer is elsewhere).
     const std::vector<int> reserve_layers = layer_list_at_depth(reserve_layers_, depth, model_layers);
     const bool reserve_nowhere = !reserve_layers_.empty() && reserve_layers.empty();
-    reserve_newest_query_rows(f, reserve_nowhere ? 0 : reserve_tokens(budget, f.latest_position + 1), scores,
-                              reserve_layers);
+    reserve_newest_query_rows(f, reserve_nowhere ? 0 : reserve_tokens(budget, tokens), scores, reserve_layers);
+    reserve_elsewhere(f, budget, reserve_layers, scores);
     give_layers_to_newest_query(f, budget, layer_list_at_depth(newest_query_layers_, depth, model_layers), scores);
   }
 
@@ -341,6 +343,46 @@ class MlpPolicy final : public EvictionPolicy {
     return layers;
   }
 
+  // The reserve elsewhere: in every layer of f's model outside `reserve_layers` (those of this
+  // model; none means every layer).
+  void reserve_elsewhere(const TokenFeatures& f, int budget, std::span<const int> reserve_layers,
+                         std::span<float> scores) const {
+    const int rows = reserve_elsewhere_tokens(budget, f.latest_position + 1);
+    if (rows == 0) return;
+    const std::vector<int> elsewhere = layers_outside(reserve_layers, f.model_layers());
+    if (!elsewhere.empty()) reserve_newest_query_rows(f, rows, scores, elsewhere);
+  }
+
+  static int scheduled_rows(std::span<const SchedulePoint> schedule, int budget, int tokens) {
+    if (schedule.empty() || tokens <= 0) return 0;
+    return int(math::schedule_share(schedule, double(budget) / double(tokens)) * double(budget));
+  }
+
+  // A checkpoint's reserve schedule under `key`: a number (one share) or [[fraction, share], ...]
+  // (then checked by the setter).
+  static std::vector<SchedulePoint> reserve_schedule_from_json(const nlohmann::json& r, const char* key) {
+    std::vector<SchedulePoint> points;
+    if (r.is_number()) {
+      if (r.get<double>() != 0.0) points.push_back({1.0, r.get<double>()});
+      return points;
+    }
+    DC_CHECK(r.is_array() && !r.empty(), "policy checkpoint: '", key, "' is neither a number nor a list of "
+             "[fraction, share] pairs");
+    for (const auto& p : r) {
+      DC_CHECK(p.is_array() && p.size() == 2 && p[0].is_number() && p[1].is_number(), "policy checkpoint: '", key,
+               "' holds ", p.dump(), ", not a [fraction, share] pair");
+      points.push_back({p[0].get<double>(), p[1].get<double>()});
+    }
+    return points;
+  }
+  // The other way: one share at every budget as a number, a schedule as pairs.
+  static nlohmann::json reserve_schedule_json(std::span<const SchedulePoint> points) {
+    if (points.size() == 1 && points[0].fraction == 1.0) return points[0].share;
+    nlohmann::json out = nlohmann::json::array();
+    for (const SchedulePoint& p : points) out.push_back({p.fraction, p.share});
+    return out;
+  }
+
   // Every listed layer inside the model the rules are written for, where its depth is known.
   void check_layer_lists() const {
     const int depth = layer_rules_depth();
@@ -364,6 +406,7 @@ class MlpPolicy final : public EvictionPolicy {
   std::vector<SchedulePoint> reserve_;
   std::vector<int> newest_query_layers_;
   std::vector<int> reserve_layers_;
+  std::vector<SchedulePoint> reserve_elsewhere_;
   ScoreBase score_base_ = ScoreBase::none;
   std::vector<double> layer_weights_;
   int layer_rules_depth_ = 0;  // set_layer_rules_depth; the weights' count takes precedence
