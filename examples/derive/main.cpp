@@ -7,6 +7,7 @@
 // derived from (extra.derived) and is validated by loading it before it is written.
 #include <algorithm>
 #include <cstdio>
+#include <sstream>
 #include <string>
 
 #include <distillcache/io/policy_checkpoint.hpp>
@@ -20,7 +21,7 @@ int main(int argc, char** argv) {
   CLI::App app{"Writes a copy of a policy file with other forced rules or an input's weight zeroed (distillcache)."};
   std::string from_path, out_path, reserve_arg, reserve_layers_arg, reserve_elsewhere_arg, newest_query_layers_arg,
       zero_input, layer_weights_arg;
-  double recent_fraction = -1.0;
+  double recent_fraction = -1.0, newest_query_layers_up_to = -1.0;
   int model_layers = 0;
   app.add_option("--from", from_path, "the policy file to start from (.dcpolicy)")->required();
   app.add_option("--out", out_path, "the file to write")->required();
@@ -34,6 +35,8 @@ int main(int argc, char** argv) {
                  "outside --newest-query-reserve-layers, in the same format; 0 removes it");
   app.add_option("--newest-query-layers", newest_query_layers_arg, "layers whose whole budget goes to the rows the "
                  "layer's newest query attends to most ('none': no layer)");
+  app.add_option("--newest-query-layers-up-to", newest_query_layers_up_to, "apply the newest-query layers only at "
+                 "budgets up to this fraction of the context (1: at every budget)")->check(finite_number(1e-9, 1.0));
   app.add_option("--layer-budget-weights", layer_weights_arg, "share the budget among layers by these weights "
                  "(docs/design.md, \"Budgets per layer\"): one per model layer (W0,W1,...) or LAYERS=WEIGHT items, "
                  "every other layer 1 (18-20=1.5; needs --model-layers unless the file has weights); 'none' removes them");
@@ -74,9 +77,17 @@ int main(int argc, char** argv) {
     }
     DC_CHECK(policy.newest_query_reserve_layers().empty() || !policy.newest_query_reserve().empty(),
              "--newest-query-reserve-layers needs a newest-query reserve (the file has none; give --newest-query-reserve)");
+    // The threshold needs newest-query layers: reset before they change, set after.
+    if (newest_query_layers_up_to > 0.0) policy.set_newest_query_layers_up_to(1.0);
     if (!newest_query_layers_arg.empty()) {
       policy.set_newest_query_layers(dc::parse_layer_list(newest_query_layers_arg));
       note("newest_query_layers " + newest_query_layers_arg);
+    }
+    if (newest_query_layers_up_to > 0.0) {
+      policy.set_newest_query_layers_up_to(newest_query_layers_up_to);
+      std::ostringstream up_to;
+      up_to << newest_query_layers_up_to;
+      note("newest_query_layers_up_to " + up_to.str());
     }
     if (!layer_weights_arg.empty()) {
       const int layers = model_layers > 0 ? model_layers : int(policy.layer_budget_weights().size());
@@ -109,7 +120,8 @@ int main(int argc, char** argv) {
     // the policy's own.
     const dc::PolicyCheckpoint rules = policy.to_checkpoint();
     for (const char* key : {"recent_fraction", "newest_query_reserve", "newest_query_reserve_layers",
-                            "newest_query_reserve_elsewhere", "newest_query_layers", "layer_budget_weights",
+                            "newest_query_reserve_elsewhere", "newest_query_layers", "newest_query_layers_up_to",
+                            "layer_budget_weights",
                             "layer_rules_model_layers"}) {
       c.extra.erase(key);
       if (rules.extra.contains(key)) c.extra[key] = rules.extra[key];

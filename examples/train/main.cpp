@@ -71,6 +71,7 @@ int main(int argc, char** argv) {
   int validation_contexts = 4, validate_every = 20, checkpoint_every = 10, stop_after = 0,
       max_train_contexts = 100000, window = 32, batch = 32, prune_context = 0;
   double recent_fraction = 0.0;
+  double newest_query_layers_up_to = 1.0;
   std::string reserve_arg = "0";
   std::string reserve_elsewhere_arg = "0";
   std::string newest_query_layers_arg, reserve_layers_arg, layer_weights_arg;
@@ -127,6 +128,9 @@ int main(int argc, char** argv) {
   app.add_option("--newest-query-layers", newest_query_layers_arg, "layers whose whole budget goes to the rows "
                  "the layer's newest query attends to most (TOVA's keep-set there; retrieval layers, e.g. 18-20 "
                  "on SmolLM2; docs/design.md); a list of layers and FIRST-LAST ranges");
+  app.add_option("--newest-query-layers-up-to", newest_query_layers_up_to, "apply --newest-query-layers only at "
+                 "budgets up to this fraction of the context (default 1: at every budget)")
+      ->check(finite_number(1e-9, 1.0));
   app.add_option("--newest-query-reserve-layers", reserve_layers_arg, "apply --newest-query-reserve in these "
                  "layers only (a list of layers and FIRST-LAST ranges; default all)");
   app.add_option("--newest-query-reserve-elsewhere", reserve_elsewhere_arg, "a reserve of its own, in the format of "
@@ -218,6 +222,8 @@ int main(int argc, char** argv) {
     const dc::ScoreBase score_base = dc::parse_score_base(score_base_arg);
     const std::vector<dc::SchedulePoint> newest_query_reserve = dc::parse_reserve_schedule(reserve_arg);
     const std::vector<int> newest_query_layers = dc::parse_layer_list(newest_query_layers_arg);
+    DC_CHECK(newest_query_layers_up_to == 1.0 || !newest_query_layers.empty(), "--newest-query-layers-up-to "
+             "needs --newest-query-layers");
     const std::vector<int> reserve_layers = dc::parse_layer_list(reserve_layers_arg);
     DC_CHECK(reserve_layers.empty() || !newest_query_reserve.empty(), "--newest-query-reserve-layers needs "
              "--newest-query-reserve");
@@ -238,7 +244,9 @@ int main(int argc, char** argv) {
       p.set_newest_query_reserve_elsewhere({});  // it needs the layers: cleared before, set after
       p.set_newest_query_reserve_layers(reserve_layers);
       p.set_newest_query_reserve_elsewhere(reserve_elsewhere);
+      p.set_newest_query_layers_up_to(1.0);  // it needs the layers: reset before, set after
       p.set_newest_query_layers(newest_query_layers);
+      p.set_newest_query_layers_up_to(newest_query_layers_up_to);
       p.set_score_base(score_base);
     };
     for (const auto& [reserve, text] : {std::pair{&newest_query_reserve, &reserve_arg},

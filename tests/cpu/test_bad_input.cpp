@@ -523,6 +523,14 @@ std::vector<BadInput> bad_inputs(const dc_test::TempDir& tmp) {
   add("MlpPolicy::set_newest_query_layers", "a layer twice", [&] {
     dc::MlpPolicy::initialised(dc::paper_policy_inputs(), {4}, 1).set_newest_query_layers({3, 1, 3});
   }, "mlp policy: newest_query_layers names a layer twice");
+  add("MlpPolicy::set_newest_query_layers_up_to", "no newest-query layers", [&] {
+    dc::MlpPolicy::initialised(dc::paper_policy_inputs(), {4}, 1).set_newest_query_layers_up_to(0.375);
+  }, "mlp policy: newest_query_layers_up_to below 1 needs newest_query_layers (set it to 1 before removing them)");
+  add("MlpPolicy::set_newest_query_layers_up_to", "a fraction past 1", [&] {
+    auto policy = dc::MlpPolicy::initialised(dc::paper_policy_inputs(), {4}, 1);
+    policy.set_newest_query_layers({1});
+    policy.set_newest_query_layers_up_to(1.5);
+  }, "mlp policy: newest_query_layers_up_to 1.5 outside (0, 1]");
   add("MlpPolicy::score", "a newest-query layer the model lacks", [&] {
     auto policy = dc::MlpPolicy::initialised(dc::paper_policy_inputs(), {4}, 1);
     policy.set_newest_query_layers({1, 2});

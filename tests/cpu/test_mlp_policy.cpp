@@ -623,6 +623,39 @@ TEST_CASE("newest-query reserve: each group keeps the rows its layer's newest qu
       weighted.score(f, 8, by_weights);
       CHECK(by_weights == given);
     }
+    {  // Up to a budget fraction: 8 slots of `tokens` give layer 1 to the newest query while
+      // 8 / tokens is at most the threshold; above it layer 1 scores as the policy without the rule.
+      const double fraction = 8.0 / double(f.latest_position + 1), below = fraction * 0.99;
+      dc::MlpPolicy up_to = tova_layer;
+      up_to.set_newest_query_layers_up_to(fraction);
+      std::vector<float> on(std::size_t(f.size)), off(std::size_t(f.size));
+      up_to.score(f, 8, on);
+      CHECK(on == given);
+      up_to.set_newest_query_layers_up_to(below);
+      up_to.score(f, 8, off);
+      CHECK(off == scores);
+      const auto c = up_to.to_checkpoint();
+      CHECK(c.extra["newest_query_layers_up_to"].get<double>() == below);
+      CHECK(dc::MlpPolicy::from_checkpoint(c).newest_query_layers_up_to() == below);
+      CHECK_FALSE(tova_layer.to_checkpoint().extra.contains("newest_query_layers_up_to"));
+      CHECK_FALSE(up_to.same_forced_rules(tova_layer));
+      CHECK(up_to.describe_forced_rules().find("newest-query layers 1 up to 0.") != std::string::npos);
+      // It needs the layers, either way round, and lies in (0, 1].
+      CHECK_THROWS_WITH_AS(up_to.set_newest_query_layers({}), doctest::Contains("needs newest_query_layers"), dc::Error);
+      dc::MlpPolicy no_layers = policy;
+      CHECK_THROWS_WITH_AS(no_layers.set_newest_query_layers_up_to(0.5), doctest::Contains("needs newest_query_layers"),
+                           dc::Error);
+      CHECK_THROWS_WITH_AS(up_to.set_newest_query_layers_up_to(0.0), doctest::Contains("outside (0, 1]"), dc::Error);
+      auto bad = c;
+      bad.extra["newest_query_layers_up_to"] = "half";
+      CHECK_THROWS_WITH_AS(dc::MlpPolicy::from_checkpoint(bad),
+                           doctest::Contains("'newest_query_layers_up_to' is not a number"), dc::Error);
+      bad.extra["newest_query_layers_up_to"] = 1.5;
+      CHECK_THROWS_WITH_AS(dc::MlpPolicy::from_checkpoint(bad), doctest::Contains("1.5 outside (0, 1]"), dc::Error);
+      bad.extra["newest_query_layers_up_to"] = below;
+      bad.extra.erase("newest_query_layers");
+      CHECK_THROWS_WITH_AS(dc::MlpPolicy::from_checkpoint(bad), doctest::Contains("needs newest_query_layers"), dc::Error);
+    }
     // A layer the model does not have is named at scoring time.
     tova_layer.set_newest_query_layers({1, 2});
     CHECK_THROWS_WITH_AS(tova_layer.score(f, 8, given), doctest::Contains("layer 2 named, the model has 2 layers"), dc::Error);

@@ -323,6 +323,7 @@ if [ -n "$train_bin" ]; then
   bad "train: reserve schedule out of order" train 1 "must increase" -- "${T[@]}" --newest-query-reserve 0.5:0.1,0.25:0.2
   bad "train: newest-query layers backwards" train 1 "ends before it begins" -- "${T[@]}" --newest-query-layers 20-18
   bad "train: newest-query layer past the model" train 1 "the model has" -- "${T[@]}" --newest-query-layers 1,40
+  bad "train: newest-query threshold, no layers" train 1 "needs --newest-query-layers" -- "${T[@]}" --newest-query-layers-up-to 0.375
   bad "train: reserve layers without a reserve" train 1 "needs --newest-query-reserve" -- "${T[@]}" --newest-query-reserve-layers 1
   bad "train: reserve elsewhere, no reserve layers" train 1 "needs --newest-query-reserve-layers" -- "${T[@]}" --newest-query-reserve 0.25 --newest-query-reserve-elsewhere 0.5:0.25
   bad "train: layer weights without search" train 1 "needs --search-rounds" -- "${T[@]}" --layer-budget-weights 1=2
@@ -367,6 +368,7 @@ if [ -n "$derive_bin" ]; then
   shipped_file=$(realpath "$(dirname "$0")/../../policies/smollm2-135m-instruct.dcpolicy")  # weights for 30 layers
   bad "derive: a layer past the file's model" derive 1 "layer 40 named in rules for a model of 30 layers" -- --from "$shipped_file" --out x.dcpolicy --newest-query-layers 40
   bad "derive: --model-layers unlike the file's" derive 1 "holds rules for a model of 30 layers" -- --from "$shipped_file" --out x.dcpolicy --model-layers 18 --newest-query-layers 1
+  bad "derive: newest-query threshold, no layers" derive 1 "needs newest_query_layers" -- --from "$linear_file" --out x.dcpolicy --newest-query-layers-up-to 0.375
   bad "derive: --out unwritable"          derive 1 "--out"               -- --from "$linear_file" --out no_such_dir/x.dcpolicy --newest-query-layers 1
 else
   skipped+=("derive cases (DC_DERIVE_BIN unset)")

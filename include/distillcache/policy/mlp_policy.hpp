@@ -134,6 +134,11 @@ class MlpPolicy final : public EvictionPolicy {
           reserve_schedule_from_json(c.extra["newest_query_reserve_elsewhere"], "newest_query_reserve_elsewhere"));
     if (c.extra.contains("newest_query_layers"))
       policy.set_newest_query_layers(layer_list_from_json(c.extra["newest_query_layers"], "newest_query_layers"));
+    if (c.extra.contains("newest_query_layers_up_to")) {
+      DC_CHECK(c.extra["newest_query_layers_up_to"].is_number(),
+               "policy checkpoint: 'newest_query_layers_up_to' is not a number");
+      policy.set_newest_query_layers_up_to(c.extra["newest_query_layers_up_to"].get<double>());
+    }
     return policy;
   }
 
@@ -148,6 +153,7 @@ class MlpPolicy final : public EvictionPolicy {
     if (recent_fraction_ > 0.0) c.extra["recent_fraction"] = recent_fraction_;
     if (!reserve_.empty()) c.extra["newest_query_reserve"] = reserve_schedule_json(reserve_);
     if (!newest_query_layers_.empty()) c.extra["newest_query_layers"] = newest_query_layers_;
+    if (newest_query_layers_up_to_ < 1.0) c.extra["newest_query_layers_up_to"] = newest_query_layers_up_to_;
     if (!reserve_layers_.empty()) c.extra["newest_query_reserve_layers"] = reserve_layers_;
     if (!reserve_elsewhere_.empty()) c.extra["newest_query_reserve_elsewhere"] = reserve_schedule_json(reserve_elsewhere_);
     if (score_base_ != ScoreBase::none) c.extra["score_base"] = score_base_name(score_base_);
@@ -240,8 +246,21 @@ class MlpPolicy final : public EvictionPolicy {
   // rule, "v7 shipped").
   const std::vector<int>& newest_query_layers() const { return newest_query_layers_; }
   void set_newest_query_layers(std::vector<int> layers) {
+    DC_CHECK(!layers.empty() || newest_query_layers_up_to_ == 1.0, kUpToNeedsLayers);
     newest_query_layers_ = sorted_layer_list(std::move(layers), "newest_query_layers");
     check_layer_lists();
+  }
+  // The largest budget, as a fraction of the context, at which newest_query_layers apply (1: at
+  // every budget; above it those layers are scored as any other). Why: a newest-query layer whose
+  // budget is not raised keeps needles at 12.5 and 25 % but costs text KL at 50 %, where SmolLM2's
+  // retrieval layers keep their whole cache anyway and the reserve elsewhere keeps the needles
+  // (bench/results/README.md, "v9 shipped"). Set only with newest-query layers.
+  double newest_query_layers_up_to() const { return newest_query_layers_up_to_; }
+  void set_newest_query_layers_up_to(double fraction) {
+    DC_CHECK(std::isfinite(fraction) && fraction > 0.0 && fraction <= 1.0, "mlp policy: newest_query_layers_up_to ",
+             fraction, " outside (0, 1]");
+    DC_CHECK(fraction == 1.0 || !newest_query_layers_.empty(), kUpToNeedsLayers);
+    newest_query_layers_up_to_ = fraction;
   }
   // The rows kept for the newest query at a budget of `budget` slots per group when the context
   // holds `tokens` (the budget's fraction picks the share).
@@ -258,7 +277,8 @@ class MlpPolicy final : public EvictionPolicy {
   bool same_forced_rules(const MlpPolicy& other) const {
     return score_base_ == other.score_base_ && recent_fraction_ == other.recent_fraction_ &&
            reserve_ == other.reserve_ && reserve_layers_ == other.reserve_layers_ &&
-           reserve_elsewhere_ == other.reserve_elsewhere_ && newest_query_layers_ == other.newest_query_layers_;
+           reserve_elsewhere_ == other.reserve_elsewhere_ && newest_query_layers_ == other.newest_query_layers_ &&
+           newest_query_layers_up_to_ == other.newest_query_layers_up_to_;
   }
   std::string describe_forced_rules() const {
     std::ostringstream o;
@@ -266,6 +286,7 @@ class MlpPolicy final : public EvictionPolicy {
       << ", newest-query reserve " << describe_reserve_schedule(reserve_) << " in layers "
       << (reserve_layers_.empty() ? std::string("all") : describe_layer_list(reserve_layers_))
       << ", newest-query layers " << describe_layer_list(newest_query_layers_);
+    if (newest_query_layers_up_to_ < 1.0) o << " up to " << newest_query_layers_up_to_ << " of the context";
     if (!reserve_elsewhere_.empty()) o << ", reserve elsewhere " << describe_reserve_schedule(reserve_elsewhere_);
     return o.str();
   }
@@ -306,10 +327,12 @@ class MlpPolicy final : public EvictionPolicy {
     mlp_policy_scores(f, inputs_, budget, layout_, params_.data(), scores, recent_tokens(budget), score_base_);
     const int depth = layer_rules_depth(), model_layers = f.model_layers();
     const int tokens = f.latest_position + 1;
+    const bool newest_query_layers_on =
+        tokens > 0 && double(budget) / double(tokens) <= newest_query_layers_up_to_;
     if (depth == 0 || depth == model_layers) {
       reserve_newest_query_rows(f, reserve_tokens(budget, tokens), scores, reserve_layers_);
       reserve_elsewhere(f, budget, reserve_layers_, scores);
-      give_layers_to_newest_query(f, budget, newest_query_layers_, scores);
+      if (newest_query_layers_on) give_layers_to_newest_query(f, budget, newest_query_layers_, scores);
       return;
     }
     // Another model: the lists at the same depth. An empty reserve list means every layer, so
@@ -318,7 +341,8 @@ class MlpPolicy final : public EvictionPolicy {
     const bool reserve_nowhere = !reserve_layers_.empty() && reserve_layers.empty();
     reserve_newest_query_rows(f, reserve_nowhere ? 0 : reserve_tokens(budget, tokens), scores, reserve_layers);
     reserve_elsewhere(f, budget, reserve_layers, scores);
-    give_layers_to_newest_query(f, budget, layer_list_at_depth(newest_query_layers_, depth, model_layers), scores);
+    if (newest_query_layers_on)
+      give_layers_to_newest_query(f, budget, layer_list_at_depth(newest_query_layers_, depth, model_layers), scores);
   }
 
  private:
@@ -405,6 +429,9 @@ class MlpPolicy final : public EvictionPolicy {
   double recent_fraction_ = 0.0;
   std::vector<SchedulePoint> reserve_;
   std::vector<int> newest_query_layers_;
+  double newest_query_layers_up_to_ = 1.0;
+  static constexpr const char* kUpToNeedsLayers =
+      "mlp policy: newest_query_layers_up_to below 1 needs newest_query_layers (set it to 1 before removing them)";
   std::vector<int> reserve_layers_;
   std::vector<SchedulePoint> reserve_elsewhere_;
   ScoreBase score_base_ = ScoreBase::none;
