@@ -3,7 +3,7 @@
 # machine: SmolLM2-135M-Instruct, the Python 3.11 documentation Debian ships (python3.11-doc,
 # disjoint from the Vim help files the evaluation uses), head granularity, 512-token prompts.
 #
-# Policy v9: H2O's score (log of the accumulated attention mass, --score-base h2o) plus a linear
+# Policy v10: H2O's score (log of the accumulated attention mass, --score-base h2o) plus a linear
 # correction w . inputs, the newest half of the budget always kept (--recent-fraction 0.5). w is
 # found by compass search on the exact KL of the greedy keep-sets over 16 training windows and
 # three budgets (--search-rounds 12: each round scores w +- step along every weight in one
@@ -24,12 +24,17 @@
 # limits the newest-query layers to budgets up to 37.5 % of the context
 # (--newest-query-layers-up-to 0.375): at 50 % layer 21's rule cost text KL and no needle, so
 # there the shipped file has v8's rules. (The search still ran with layer 21's rule at 50 %; a
-# search under the limit, train --newest-query-layers-up-to, has not been run.)
+# search under the limit, train --newest-query-layers-up-to, has not been run.) The same derive
+# adds pins (v10, "Pins" in bench/results/README.md): in every layer, the positions that the
+# newest query of layers 20-22 attends to most, 0.2 of the budget up to 25 % of the context and
+# 0.1 at 50 % (--newest-query-pins 0.25:0.2,0.5:0.1 --newest-query-pin-layers 20-22), since v9
+# kept single needles in layers 18 and 21 and lost their digits in the layers after them. (The
+# search ran without pins; a search with them, train --newest-query-pins, has not been run.)
 # About 14-21 minutes on a 2-core Xeon VM.
 # Deterministic: a rerun writes the same weights.
 #
 # Writes runs/smollm2/{search,best}.dcpolicy, search_log.csv and train_log.csv, then writes the
-# best (by held-out KL: the search's result when it beats H2O there) under the limit into policies/. Extra
+# best (by held-out KL: the search's result when it beats H2O there) under the limit and with the pins into policies/. Extra
 # arguments go to examples/train.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -48,5 +53,5 @@ build/release/examples/train --model "$model" --out runs/smollm2 \
   --layer-budget-weights 18-20=3 --newest-query-reserve 0.45 --newest-query-reserve-layers 18-20 --newest-query-layers 18,21 \
   --newest-query-reserve-elsewhere 0.25:0,0.5:0.3 "$@"
 build/release/examples/derive --from runs/smollm2/best.dcpolicy --out policies/smollm2-135m-instruct.dcpolicy \
-  --newest-query-layers-up-to 0.375
+  --newest-query-layers-up-to 0.375 --newest-query-pins 0.25:0.2,0.5:0.1 --newest-query-pin-layers 20-22
 echo "train_policy: policies/smollm2-135m-instruct.dcpolicy updated"

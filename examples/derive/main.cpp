@@ -20,7 +20,7 @@ int main(int argc, char** argv) {
   using namespace dc_examples;
   CLI::App app{"Writes a copy of a policy file with other forced rules or an input's weight zeroed (distillcache)."};
   std::string from_path, out_path, reserve_arg, reserve_layers_arg, reserve_elsewhere_arg, newest_query_layers_arg,
-      zero_input, layer_weights_arg;
+      zero_input, layer_weights_arg, pins_arg, pin_layers_arg;
   double recent_fraction = -1.0, newest_query_layers_up_to = -1.0;
   int model_layers = 0;
   app.add_option("--from", from_path, "the policy file to start from (.dcpolicy)")->required();
@@ -33,6 +33,11 @@ int main(int argc, char** argv) {
                  "(a list of layers and FIRST-LAST ranges; 'none': every layer)");
   app.add_option("--newest-query-reserve-elsewhere", reserve_elsewhere_arg, "a reserve of its own for the layers "
                  "outside --newest-query-reserve-layers, in the same format; 0 removes it");
+  app.add_option("--newest-query-pins", pins_arg, "a share of the budget for the positions the newest query of "
+                 "--newest-query-pin-layers attends to most, kept in every layer: one share or shares by budget "
+                 "fraction, as the reserve; 0 removes the pins");
+  app.add_option("--newest-query-pin-layers", pin_layers_arg, "the guide layers that choose the pinned positions "
+                 "(a list of layers and FIRST-LAST ranges)");
   app.add_option("--newest-query-layers", newest_query_layers_arg, "layers whose whole budget goes to the rows the "
                  "layer's newest query attends to most ('none': no layer)");
   app.add_option("--newest-query-layers-up-to", newest_query_layers_up_to, "apply the newest-query layers only at "
@@ -77,6 +82,20 @@ int main(int argc, char** argv) {
     }
     DC_CHECK(policy.newest_query_reserve_layers().empty() || !policy.newest_query_reserve().empty(),
              "--newest-query-reserve-layers needs a newest-query reserve (the file has none; give --newest-query-reserve)");
+    if (!pins_arg.empty() || !pin_layers_arg.empty()) {
+      auto shares = pins_arg.empty() ? policy.newest_query_pins() : dc::parse_reserve_schedule(pins_arg, "newest-query pins");
+      auto guide = pin_layers_arg.empty() ? policy.newest_query_pin_layers() : dc::parse_layer_list(pin_layers_arg);
+      if (shares.empty()) {  // --newest-query-pins 0 removes them, guide layers and all
+        DC_CHECK(pin_layers_arg.empty() || guide.empty(), "--newest-query-pin-layers needs pins (",
+                 pins_arg.empty() ? "the file has none: give --newest-query-pins" : "--newest-query-pins 0 removes them", ")");
+        guide.clear();
+      }
+      DC_CHECK(shares.empty() || !guide.empty(), "--newest-query-pins needs guide layers: give --newest-query-pin-layers",
+               pin_layers_arg.empty() ? " (the file has none)" : " other than none");
+      policy.set_newest_query_pins(std::move(guide), std::move(shares));
+      note("newest_query_pins " + dc::describe_reserve_schedule(policy.newest_query_pins()) + " guided by layers " +
+           dc::describe_layer_list(policy.newest_query_pin_layers()));
+    }
     // The threshold needs newest-query layers: reset before they change, set after.
     if (newest_query_layers_up_to > 0.0) policy.set_newest_query_layers_up_to(1.0);
     if (!newest_query_layers_arg.empty()) {
@@ -113,7 +132,7 @@ int main(int argc, char** argv) {
       note("the weight of " + zero_input + " set to 0");
     }
     DC_CHECK(model_layers == 0 || !layer_weights_arg.empty() || !policy.newest_query_reserve_layers().empty() ||
-                 !policy.newest_query_layers().empty(),
+                 !policy.newest_query_layers().empty() || !policy.newest_query_pin_layers().empty(),
              "--model-layers gives the layer count of rules per layer: give --layer-budget-weights or a layer list "
              "with it (the policy has neither)");
     // The file's other extras (its training record, its search) stay; the rules and weights are
@@ -121,6 +140,7 @@ int main(int argc, char** argv) {
     const dc::PolicyCheckpoint rules = policy.to_checkpoint();
     for (const char* key : {"recent_fraction", "newest_query_reserve", "newest_query_reserve_layers",
                             "newest_query_reserve_elsewhere", "newest_query_layers", "newest_query_layers_up_to",
+                            "newest_query_pins", "newest_query_pin_layers",
                             "layer_budget_weights",
                             "layer_rules_model_layers"}) {
       c.extra.erase(key);

@@ -24,6 +24,7 @@
 #include <iostream>
 #include <memory>
 #include <optional>
+#include <string_view>
 #include <tuple>
 
 #include <distillcache/distillcache.hpp>
@@ -32,6 +33,42 @@
 #include "../common/weights.hpp"
 
 namespace {
+
+// --keep-sets: every student's kept positions right after the prompt's compression, one row per
+// (student, context, layer, KV head). With --text a context is a window; with --task it is a
+// prompt, numbered in the order of --task-prompts.
+class KeepSetCsv {
+ public:
+  explicit KeepSetCsv(const std::string& path) : path_(path) {
+    if (path.empty()) return;
+    out_.open(path);
+    DC_CHECK(out_, "--keep-sets: cannot write '", path, "'");
+    out_ << "policy,granularity,budget,context,layer,kv_head,positions\n";
+  }
+  bool enabled() const { return out_.is_open(); }
+  void write(const std::string& policy, std::string_view granularity, double budget, std::size_t context,
+             const dc::KVCache<dc::cpu>& cache) {
+    for (int l = 0; l < cache.num_layers(); ++l)
+      for (int h = 0; h < cache.num_kv_heads(); ++h) {
+        out_ << policy << ',' << granularity << ',' << budget << ',' << context << ',' << l << ',' << h << ',';
+        const char* sep = "";
+        for (const auto pos : cache.host_positions(l, h)) {
+          out_ << sep << pos;
+          sep = " ";
+        }
+        out_ << '\n';
+      }
+  }
+  void close() {
+    if (!out_.is_open()) return;
+    out_.close();
+    DC_CHECK(out_, "--keep-sets: writing '", path_, "' failed");
+  }
+
+ private:
+  std::string path_;
+  std::ofstream out_;
+};
 
 double parse_fraction(const std::string& s) {
   const auto v = dc_examples::detail::to_number(s);
@@ -49,7 +86,7 @@ int run_tasks(dc::Transformer<dc::cpu, W>& model, const dc::Tokenizer& tokenizer
               const std::vector<dc::Granularity>& granularities, dc::EvictionMode mode, dc::TaskProtocol protocol,
               const std::string& chat_choice, const std::string& words_path, const std::string& haystack_path,
               std::uint64_t seed, int batch, const std::string& csv_path, const std::string& answers_path,
-              const std::string& prompts_path) {
+              const std::string& prompts_path, const std::string& keep_sets_path) {
   using namespace dc_examples;
   namespace t = dc::tasks;
   std::vector<const t::TaskSpec*> tasks;
@@ -113,6 +150,15 @@ int run_tasks(dc::Transformer<dc::cpu, W>& model, const dc::Tokenizer& tokenizer
   std::vector<std::string> ran_at;  // [policy][granularity]
   for (auto* p : policies)
     for (const auto g : granularities) ran_at.push_back(dc::granularity_name(p->granularity_for(g)));
+  KeepSetCsv keep_sets(keep_sets_path);
+  std::size_t prompt_index = 0;
+  if (keep_sets.enabled())
+    suite.on_compressed([&](std::size_t s, const dc::KVCache<dc::cpu>& cache) {
+      const std::size_t pol = s / (granularities.size() * budgets.size());
+      const std::size_t g = s / budgets.size() % granularities.size();
+      keep_sets.write(policy_names[pol], ran_at[pol * granularities.size() + g], fractions[s % budgets.size()],
+                      prompt_index, cache);
+    });
   std::ofstream answers;
   if (!answers_path.empty()) {
     answers.open(answers_path);
@@ -124,6 +170,7 @@ int run_tasks(dc::Transformer<dc::cpu, W>& model, const dc::Tokenizer& tokenizer
   const std::size_t per_sample = suite.students();
   for (std::size_t i = 0; i < prompts.size(); ++i) {
     const t::TaskPrompt& p = prompts[i];
+    prompt_index = i;
     const dc::TaskSampleResult r = suite.run(p, [&](std::size_t student) {
       const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       const std::size_t done = i * per_sample + student, total = prompts.size() * per_sample;
@@ -155,6 +202,7 @@ int run_tasks(dc::Transformer<dc::cpu, W>& model, const dc::Tokenizer& tokenizer
     answers.close();
     DC_CHECK(answers, "--answers: writing '", answers_path, "' failed");
   }
+  keep_sets.close();
   const auto rows = dc::task_report(scores, policy_names, ran_at, fractions);
   dc::write_task_markdown(std::cout, rows, protocol);
   if (!csv_path.empty()) {
@@ -206,7 +254,8 @@ int main(int argc, char** argv) {
                  "comparisons between policies on the same contexts (bench/paired_kl.py)");
   app.add_option("--keep-sets", keep_sets_path,
                  "write every student's kept positions after the prompt's compression as CSV "
-                 "(policy,granularity,budget,context,layer,kv_head,positions)");
+                 "(policy,granularity,budget,context,layer,kv_head,positions; with --task a context is a prompt, numbered "
+                 "in --task-prompts order)");
   app.add_option("--granularity", granularities_arg,
                  "keep-sets, comma-separated: shared (one for the cache), layer (one per layer), "
                  "head (one per layer and KV head)");
@@ -310,7 +359,7 @@ int main(int argc, char** argv) {
         model.set_kv_type(kv_dtype(kv_dtype_arg));
         return run_tasks(model, tokenizer, file, task_names, lengths, samples, policy_names, policies, budgets,
                          fractions, granularities, mode, dc::parse_protocol(protocol_arg), chat_arg, words_path,
-                         haystack_path, seed, batch, csv_path, answers_path, prompts_path);
+                         haystack_path, seed, batch, csv_path, answers_path, prompts_path, keep_sets_path);
       };
       return with_cpu_weights(dtype, model_path, m, run);
     }
@@ -333,27 +382,13 @@ int main(int argc, char** argv) {
         return std::make_tuple(p, dc::granularity_name(policies[p]->granularity_for(granularities[g])),
                                i % budgets.size());
       };
-      std::ofstream keep_sets;
+      KeepSetCsv keep_sets(keep_sets_path);
       std::size_t context_index = 0;
-      if (!keep_sets_path.empty()) {
-        keep_sets.open(keep_sets_path);
-        DC_CHECK(keep_sets, "--keep-sets: cannot write '", keep_sets_path, "'");
-        keep_sets << "policy,granularity,budget,context,layer,kv_head,positions\n";
+      if (keep_sets.enabled())
         eval.on_compressed([&](std::size_t i, const dc::KVCache<dc::cpu>& cache) {
           const auto [p, ran_at, b] = name_of(i);
-          for (int l = 0; l < cache.num_layers(); ++l)
-            for (int h = 0; h < cache.num_kv_heads(); ++h) {
-              keep_sets << policy_names[p] << ',' << ran_at << ',' << fractions[b] << ',' << context_index
-                        << ',' << l << ',' << h << ',';
-              const char* sep = "";
-              for (const auto pos : cache.host_positions(l, h)) {
-                keep_sets << sep << pos;
-                sep = " ";
-              }
-              keep_sets << '\n';
-            }
+          keep_sets.write(policy_names[p], ran_at, fractions[b], context_index, cache);
         });
-      }
       std::ofstream per_context_csv;
       if (!per_context_path.empty()) {
         per_context_csv.open(per_context_path);
@@ -391,10 +426,7 @@ int main(int argc, char** argv) {
         per_context_csv.close();
         DC_CHECK(per_context_csv, "--per-context: writing '", per_context_path, "' failed");
       }
-      if (keep_sets.is_open()) {
-        keep_sets.close();
-        DC_CHECK(keep_sets, "--keep-sets: writing '", keep_sets_path, "' failed");
-      }
+      keep_sets.close();
 
       std::ofstream csv;
       if (!csv_path.empty()) {

@@ -73,7 +73,7 @@ int main(int argc, char** argv) {
   double recent_fraction = 0.0;
   double newest_query_layers_up_to = 1.0;
   std::string reserve_arg = "0";
-  std::string reserve_elsewhere_arg = "0";
+  std::string reserve_elsewhere_arg = "0", pins_arg = "0", pin_layers_arg;
   std::string newest_query_layers_arg, reserve_layers_arg, layer_weights_arg;
   std::string score_base_arg = "none";
   app.add_option("--model", model_path, "GGUF model file")->required();
@@ -136,6 +136,11 @@ int main(int argc, char** argv) {
   app.add_option("--newest-query-reserve-elsewhere", reserve_elsewhere_arg, "a reserve of its own, in the format of "
                  "--newest-query-reserve, for the layers outside --newest-query-reserve-layers (e.g. 0.25:0,0.5:0.3: "
                  "none up to 25 % of the context, 0.3 of the budget at 50 %)");
+  app.add_option("--newest-query-pins", pins_arg, "a share of the budget, in the format of --newest-query-reserve, "
+                 "for the positions the newest query of --newest-query-pin-layers attends to most, kept in every layer "
+                 "(docs/design.md, \"Pins\")");
+  app.add_option("--newest-query-pin-layers", pin_layers_arg, "the guide layers that choose --newest-query-pins' "
+                 "positions (a list of layers and FIRST-LAST ranges; e.g. 20-22 on SmolLM2)");
   app.add_option("--layer-budget-weights", layer_weights_arg, "share the budget among layers by these weights "
                  "(docs/design.md, \"Budgets per layer\"): LAYERS=WEIGHT items, every other layer 1 (18-20=1.5: "
                  "SmolLM2's retrieval layers keep 1.5x the others' share), or one weight per layer; needs "
@@ -230,6 +235,10 @@ int main(int argc, char** argv) {
     const std::vector<dc::SchedulePoint> reserve_elsewhere = dc::parse_reserve_schedule(reserve_elsewhere_arg);
     DC_CHECK(reserve_elsewhere.empty() || !reserve_layers.empty(), "--newest-query-reserve-elsewhere needs "
              "--newest-query-reserve-layers (without them the reserve is in every layer)");
+    const std::vector<dc::SchedulePoint> pins = dc::parse_reserve_schedule(pins_arg, "newest-query pins");
+    const std::vector<int> pin_layers = dc::parse_layer_list(pin_layers_arg);
+    DC_CHECK(pins.empty() == pin_layers.empty(), pins.empty() ? "--newest-query-pin-layers needs --newest-query-pins"
+                                                              : "--newest-query-pins needs --newest-query-pin-layers");
     // Budgets per layer: the greedy keep-sets of the search take them; sampled ones (REINFORCE's
     // GumbelSelector) do not yet, and a shared keep-set has no layers to share among.
     DC_CHECK(layer_weights_arg.empty() || layer_weights_arg == "none" || search_rounds > 0,
@@ -247,6 +256,7 @@ int main(int argc, char** argv) {
       p.set_newest_query_layers_up_to(1.0);  // it needs the layers: reset before, set after
       p.set_newest_query_layers(newest_query_layers);
       p.set_newest_query_layers_up_to(newest_query_layers_up_to);
+      p.set_newest_query_pins(pin_layers, pins);
       p.set_score_base(score_base);
     };
     for (const auto& [reserve, text] : {std::pair{&newest_query_reserve, &reserve_arg},
@@ -254,6 +264,8 @@ int main(int argc, char** argv) {
       DC_CHECK(recent_fraction + dc::max_reserve_share(*reserve) < 1.0, "--recent-fraction ", recent_fraction,
                " plus --newest-query-reserve", reserve == &reserve_elsewhere ? "-elsewhere " : " ", *text,
                " leave nothing of the budget to the policy (their sum must be below 1)");
+    DC_CHECK(recent_fraction + dc::max_reserve_share(pins) < 1.0, "--recent-fraction ", recent_fraction,
+             " plus --newest-query-pins ", pins_arg, " leave nothing of the budget to the policy (their sum must be below 1)");
     DC_CHECK(score_base == dc::ScoreBase::none || init_target == "none" || !resume_path.empty(),
              "--score-base ", score_base_arg, " starts from the base's own ranking (a zero output layer): "
              "give --init-target none, not '", init_target, "'");
@@ -311,7 +323,8 @@ int main(int argc, char** argv) {
     dc::HfModel m = dc::load_gguf_model(file);
     const dc::Tokenizer tokenizer(dc::tokenizer_data_from_gguf(file));
     for (const auto& [layers, option] : {std::pair{&newest_query_layers, "--newest-query-layers"},
-                                         std::pair{&reserve_layers, "--newest-query-reserve-layers"}})
+                                         std::pair{&reserve_layers, "--newest-query-reserve-layers"},
+                                         std::pair{&pin_layers, "--newest-query-pin-layers"}})
       DC_CHECK(layers->empty() || layers->back() < m.config.num_layers, option, " names layer ",
                layers->empty() ? 0 : layers->back(), "; the model has ", m.config.num_layers, " layers");
     const std::vector<double> layer_weights = dc::parse_layer_budget_weights(layer_weights_arg, m.config.num_layers);

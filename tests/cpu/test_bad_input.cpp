@@ -531,6 +531,29 @@ std::vector<BadInput> bad_inputs(const dc_test::TempDir& tmp) {
     policy.set_newest_query_layers({1});
     policy.set_newest_query_layers_up_to(1.5);
   }, "mlp policy: newest_query_layers_up_to 1.5 outside (0, 1]");
+  add("MlpPolicy::set_newest_query_pins", "shares without guide layers", [&] {
+    dc::MlpPolicy::initialised(dc::paper_policy_inputs(), {4}, 1).set_newest_query_pins({}, {{1.0, 0.1}});
+  }, "mlp policy: newest-query pins need both guide layers and shares, or neither (no guide layer given)");
+  add("MlpPolicy::set_newest_query_pins", "pins and recent window the whole budget", [&] {
+    auto policy = dc::MlpPolicy::initialised(dc::paper_policy_inputs(), {4}, 1);
+    policy.set_recent_fraction(0.5);
+    policy.set_newest_query_pins({1}, {{1.0, 0.5}});
+  }, "mlp policy: recent_fraction 0.5 plus newest_query_pins 0.5 leave nothing of the budget to the MLP (their sum must be below 1)");
+  add("MlpPolicy::set_newest_query_pins", "pins, window and reserve elsewhere the whole budget", [&] {
+    auto policy = dc::MlpPolicy::initialised(dc::paper_policy_inputs(), {4}, 1);
+    policy.set_recent_fraction(0.5);
+    policy.set_newest_query_reserve(0.25);
+    policy.set_newest_query_reserve_layers({1});
+    policy.set_newest_query_reserve_elsewhere({{0.25, 0.0}, {0.5, 0.3}});
+    policy.set_newest_query_pins({1}, {{1.0, 0.2}});
+  }, "mlp policy: recent_fraction 0.5 plus newest_query_pins and the newest_query_reserve_elsewhere reach 1 of the budget at budget fraction 0.5: nothing left to the MLP (their sum must be below 1)");
+  add("MlpPolicy::score", "a pin guide layer the model lacks", [&] {
+    auto policy = dc::MlpPolicy::initialised(dc::paper_policy_inputs(), {4}, 1);
+    policy.set_newest_query_pins({2}, {{1.0, 0.25}});
+    const dc::TokenFeatures f = tiny_features();
+    std::vector<float> scores(std::size_t(f.size));
+    policy.score(f, 2, scores);
+  }, "newest-query pins: guide layer 2 named, the model has 2 layers");
   add("MlpPolicy::score", "a newest-query layer the model lacks", [&] {
     auto policy = dc::MlpPolicy::initialised(dc::paper_policy_inputs(), {4}, 1);
     policy.set_newest_query_layers({1, 2});

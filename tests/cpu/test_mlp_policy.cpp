@@ -567,6 +567,115 @@ TEST_CASE("newest-query reserve: each group keeps the rows its layer's newest qu
     CHECK(dc::layers_outside(std::vector<int>{1, 3}, 5) == std::vector<int>{0, 2, 4});
     CHECK(dc::layers_outside(std::vector<int>{}, 2) == std::vector<int>{0, 1});
   }
+  {  // Pins guided by layer 1: the 2 positions (a quarter of 8) with the largest mean newest-query
+    // mass over layer 1's KV heads (the formula; a head that evicted a position counts 0; ties to
+    // the newer) score +inf in every group of both layers; every other row as without pins.
+    std::vector<std::pair<float, int>> guide;
+    for (int p = 0; p < 12; ++p) {
+      float sum = 0.0f;
+      for (int h = 0; h < 2; ++h)
+        if (held(1, h, p)) sum += last(1, h, p);
+      guide.push_back({sum / 2.0f, p});
+    }
+    std::sort(guide.begin(), guide.end(), [](auto a, auto b) { return a.first != b.first ? a.first > b.first : a.second > b.second; });
+    auto is_pinned = [&](int p) { return p == guide[0].second || p == guide[1].second; };
+    dc::MlpPolicy pinned = plain;
+    pinned.set_newest_query_pins({1}, {{1.0, 0.25}});
+    CHECK(pinned.pin_tokens(8, 12) == 2);
+    std::vector<float> with_pins(std::size_t(f.size));
+    pinned.score(f, 8, with_pins);
+    int pinned_rows = 0;
+    for (int r = 0; r < f.size; ++r) {
+      CAPTURE(r);
+      const int p = f.position[std::size_t(r)];
+      CHECK(with_pins[std::size_t(r)] == (is_pinned(p) ? INFINITY : h2o[std::size_t(r)]));
+      pinned_rows += is_pinned(p) && p < 10;  // not recent: a row the pin adds
+    }
+    CHECK(pinned_rows > 0);  // the pins change something here
+    // With the reserve too, it chooses its 2 rows among those the window and the pins left.
+    dc::MlpPolicy both = policy;
+    both.set_newest_query_pins({1}, {{1.0, 0.25}});
+    std::vector<float> with_both(std::size_t(f.size));
+    both.score(f, 8, with_both);
+    for (int g = 0; g < f.num_groups(); ++g) {
+      const dc::FeatureGroup& grp = f.groups[std::size_t(g)];
+      int forced = 0, window_or_pin = 0;
+      for (int r = grp.row_begin; r < grp.row_end; ++r) {
+        forced += with_both[std::size_t(r)] == INFINITY;
+        const int p = f.position[std::size_t(r)];
+        window_or_pin += p >= 10 || is_pinned(p);
+        if (p >= 10 || is_pinned(p)) CHECK(with_both[std::size_t(r)] == INFINITY);
+      }
+      CHECK(forced == window_or_pin + 2);
+    }
+    // The checkpoint carries both lists; the rules differ from the plain policy's.
+    const auto c = pinned.to_checkpoint();
+    CHECK(c.extra["newest_query_pins"] == 0.25);
+    CHECK(c.extra["newest_query_pin_layers"] == nlohmann::json::array({1}));
+    const dc::MlpPolicy loaded = dc::MlpPolicy::from_checkpoint(c);
+    CHECK(loaded.newest_query_pin_layers() == std::vector<int>{1});
+    CHECK(loaded.newest_query_pins() == std::vector<dc::SchedulePoint>{{1.0, 0.25}});
+    CHECK(loaded.same_forced_rules(pinned));
+    CHECK_FALSE(pinned.same_forced_rules(plain));
+    CHECK(pinned.describe_forced_rules().find("pins 0.25 guided by layers 1") != std::string::npos);
+    CHECK_FALSE(plain.to_checkpoint().extra.contains("newest_query_pins"));
+    // Written for 4 layers: guide layers 2-3 are this model's layer 1.
+    dc::MlpPolicy deeper = plain;
+    deeper.set_layer_rules_depth(4);
+    deeper.set_newest_query_pins({2, 3}, {{1.0, 0.25}});
+    std::vector<float> mapped(std::size_t(f.size));
+    deeper.score(f, 8, mapped);
+    CHECK(mapped == with_pins);
+    CHECK(deeper.to_checkpoint().extra["layer_rules_model_layers"] == 4);
+    // Both or neither; their share and the window's below 1; a guide layer the model lacks is
+    // named at scoring time; a file with one half is refused.
+    CHECK_THROWS_WITH_AS(deeper.set_newest_query_pins({1}, {}), doctest::Contains("need both guide layers and shares"),
+                         dc::Error);
+    CHECK_THROWS_WITH_AS(deeper.set_newest_query_pins({}, {{1.0, 0.25}}), doctest::Contains("need both"), dc::Error);
+    CHECK_THROWS_WITH_AS(deeper.set_newest_query_pins({1}, {{1.0, 0.8}}),
+                         doctest::Contains("recent_fraction 0.25 plus newest_query_pins 0.8"), dc::Error);
+    CHECK_THROWS_WITH_AS(deeper.set_newest_query_pins({4}, {{1.0, 0.25}}),
+                         doctest::Contains("layer 4 named in rules for a model of 4"), dc::Error);
+    dc::MlpPolicy too_deep = plain;
+    too_deep.set_newest_query_pins({2}, {{1.0, 0.25}});
+    CHECK_THROWS_WITH_AS(too_deep.score(f, 8, mapped), doctest::Contains("guide layer 2 named, the model has 2 layers"),
+                         dc::Error);
+    CHECK_THROWS_WITH_AS(dc::parse_reserve_schedule("0.5:0.1,0.25:0.2", "newest-query pins"),
+                         doctest::Contains("newest-query pins: budget fractions must increase"), dc::Error);
+    auto half = c;
+    half.extra.erase("newest_query_pin_layers");
+    CHECK_THROWS_WITH_AS(dc::MlpPolicy::from_checkpoint(half),
+                         doctest::Contains("'newest_query_pins' without 'newest_query_pin_layers'"), dc::Error);
+    half = c;
+    half.extra.erase("newest_query_pins");
+    CHECK_THROWS_WITH_AS(dc::MlpPolicy::from_checkpoint(half),
+                         doctest::Contains("'newest_query_pin_layers' without 'newest_query_pins'"), dc::Error);
+    // Window, pins and the reserve of the layers nothing raises may not fill the budget at any
+    // budget fraction: 0.25 + 0.25 + 0.5 does everywhere; with the reserve elsewhere a schedule
+    // (0.3 at 50 %) meets pins of 0.5 only there.
+    CHECK_THROWS_WITH_AS(both.set_newest_query_pins({1}, {{1.0, 0.5}}),
+                         doctest::Contains("plus newest_query_pins and the newest_query_reserve reach 1 of the budget"),
+                         dc::Error);
+    dc::MlpPolicy layered = policy;
+    layered.set_newest_query_reserve_layers({1});
+    layered.set_newest_query_reserve_elsewhere(dc::parse_reserve_schedule("0.25:0,0.5:0.3"));
+    CHECK_THROWS_WITH_AS(layered.set_newest_query_pins({1}, dc::parse_reserve_schedule("0.25:0.5,0.5:0.5")),
+                         doctest::Contains("newest_query_reserve_elsewhere reach 1.05 of the budget at budget fraction 0.5"),
+                         dc::Error);
+    layered.set_newest_query_pins({1}, dc::parse_reserve_schedule("0.25:0.5,0.5:0.1"));
+    CHECK_THROWS_WITH_AS(layered.set_newest_query_reserve_elsewhere(dc::parse_reserve_schedule("0.25:0.3,0.5:0.3")),
+                         doctest::Contains("reach 1.05 of the budget at budget fraction 0.25"), dc::Error);
+    const auto m = dc::math::schedule_sum_max(dc::parse_reserve_schedule("0.25:0.2,0.5:0.1"),
+                                              dc::parse_reserve_schedule("0.25:0,0.5:0.3"));
+    CHECK(m.share == doctest::Approx(0.4));
+    CHECK(m.fraction == 0.5);
+    CHECK(dc::math::schedule_sum_max({}, {}).share == 0.0);
+    // The top positions: ties to the newer; a count beyond them pins every one.
+    const std::vector<float> mass = {1.0f, 3.0f, 3.0f, 2.0f};
+    CHECK(dc::pinned_positions(mass, 1) == std::vector<char>{0, 0, 1, 0});
+    CHECK(dc::pinned_positions(mass, 3) == std::vector<char>{0, 1, 1, 1});
+    CHECK(dc::pinned_positions(mass, 9) == std::vector<char>{1, 1, 1, 1});
+  }
   {  // Layer 1 given to the newest query: its groups keep the 8 positions with the largest layer
     // mean (from the formula, ties to the newer), whatever the window and the reserve chose; layer
     // 0's groups score as before.

@@ -324,6 +324,11 @@ TEST_CASE("the suite on the tiny model: the full-cache student answers as the te
     suite.set_max_batch(4);  // the teacher and 6 students run in two batches
     dc::TaskScores scores;
     std::vector<std::size_t> started;
+    std::map<std::size_t, std::size_t> kept;  // student -> rows its layer 0, KV head 0 kept (eval --keep-sets)
+    suite.on_compressed([&](std::size_t s, const dc::KVCache<dc::cpu>& cache) {
+      CHECK(kept.count(s) == 0);
+      kept[s] = cache.host_positions(0, 0).size();
+    });
     for (int sample = 0; sample < 1; ++sample) {
       t::TaskPrompt p = builder.build(t::find_task("niah_single_1"), 640, sample);
       // 24 answer tokens instead of 128: the suite's logic is the same, and every decode step of
@@ -331,6 +336,17 @@ TEST_CASE("the suite on the tiny model: the full-cache student answers as the te
       p.max_new_tokens = 24;
       const dc::TaskSampleResult r = suite.run(p, [&](std::size_t i) { started.push_back(i); });
       REQUIRE(r.outputs.size() == 6);
+      // Every student's cache was shown once, compressed: the full cache keeps the whole
+      // compressed prompt, the others the budget's half of it.
+      const std::size_t compressed =
+          protocol == dc::TaskProtocol::query_aware ? p.full_prompt().size() : p.context.size();
+      const std::size_t half = std::size_t(dc::Budget::of_fraction(0.5).resolve(int(compressed)));
+      CHECK(half < compressed);
+      REQUIRE(kept.size() == 6);
+      for (std::size_t g = 0; g < 2; ++g) {
+        CHECK(kept[suite.index(0, g, 0)] == compressed);
+        for (std::size_t pol = 1; pol < 3; ++pol) CHECK(kept[suite.index(pol, g, 0)] == half);
+      }
       for (std::size_t g = 0; g < 2; ++g) {
         CHECK(r.outputs[suite.index(0, g, 0)] == r.teacher_output);
         CHECK(r.scores[suite.index(0, g, 0)] == r.teacher_score);

@@ -324,6 +324,9 @@ if [ -n "$train_bin" ]; then
   bad "train: newest-query layers backwards" train 1 "ends before it begins" -- "${T[@]}" --newest-query-layers 20-18
   bad "train: newest-query layer past the model" train 1 "the model has" -- "${T[@]}" --newest-query-layers 1,40
   bad "train: newest-query threshold, no layers" train 1 "needs --newest-query-layers" -- "${T[@]}" --newest-query-layers-up-to 0.375
+  bad "train: pins without guide layers" train 1 "needs --newest-query-pin-layers" -- "${T[@]}" --newest-query-pins 0.1
+  bad "train: pin guide layer past the model" train 1 "the model has" -- "${T[@]}" --newest-query-pins 0.1 --newest-query-pin-layers 1,40
+  bad "train: recent plus pins >= 1"  train 1 "their sum must be below 1" -- "${T[@]}" --recent-fraction 0.5 --newest-query-pins 0.5 --newest-query-pin-layers 1
   bad "train: reserve layers without a reserve" train 1 "needs --newest-query-reserve" -- "${T[@]}" --newest-query-reserve-layers 1
   bad "train: reserve elsewhere, no reserve layers" train 1 "needs --newest-query-reserve-layers" -- "${T[@]}" --newest-query-reserve 0.25 --newest-query-reserve-elsewhere 0.5:0.25
   bad "train: layer weights without search" train 1 "needs --search-rounds" -- "${T[@]}" --layer-budget-weights 1=2
@@ -369,6 +372,10 @@ if [ -n "$derive_bin" ]; then
   bad "derive: a layer past the file's model" derive 1 "layer 40 named in rules for a model of 30 layers" -- --from "$shipped_file" --out x.dcpolicy --newest-query-layers 40
   bad "derive: --model-layers unlike the file's" derive 1 "holds rules for a model of 30 layers" -- --from "$shipped_file" --out x.dcpolicy --model-layers 18 --newest-query-layers 1
   bad "derive: newest-query threshold, no layers" derive 1 "needs newest_query_layers" -- --from "$linear_file" --out x.dcpolicy --newest-query-layers-up-to 0.375
+  bad "derive: pins without guide layers" derive 1 "give --newest-query-pin-layers" -- --from "$linear_file" --out x.dcpolicy --newest-query-pins 0.1
+  bad "derive: pin guide layers without pins" derive 1 "needs pins" -- --from "$linear_file" --out x.dcpolicy --newest-query-pin-layers 1
+  bad "derive: pin schedule out of order" derive 1 "newest-query pins: budget fractions must increase" -- --from "$linear_file" --out x.dcpolicy --newest-query-pins 0.5:0.1,0.25:0.2 --newest-query-pin-layers 1
+  bad "derive: pins that fill the budget at 50 %" derive 1 "reach 1 of the budget at budget fraction 0.5" -- --from "$shipped_file" --out x.dcpolicy --newest-query-pins 0.2 --newest-query-pin-layers 20-22
   bad "derive: --out unwritable"          derive 1 "--out"               -- --from "$linear_file" --out no_such_dir/x.dcpolicy --newest-query-layers 1
 else
   skipped+=("derive cases (DC_DERIVE_BIN unset)")

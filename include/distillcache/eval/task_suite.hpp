@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <memory>
 #include <ostream>
@@ -94,6 +95,12 @@ class TaskSuite {
   }
   TaskProtocol protocol() const { return protocol_; }
 
+  // Called with the student's index (index(p, g, b)) and its cache right after the prompt's
+  // compression: lets a caller record the keep-sets (examples/eval --keep-sets).
+  void on_compressed(std::function<void(std::size_t, const KVCache<B>&)> observer) {
+    on_compressed_ = std::move(observer);
+  }
+
   // Runs one sample. progress(i) is called with each student's index as the batch holding it
   // starts.
   template <class Progress>
@@ -127,6 +134,7 @@ class TaskSuite {
         decoders.push_back(std::make_unique<EvictingDecoder<B, W>>(model_, policy, budget, mode_, n, extra, g));
         const auto& [cache, logits] = prefilled.of(policy);
         decoders.back()->adopt_prefill(cache, logits);
+        if (student != kTeacher && on_compressed_) on_compressed_(student, decoders.back()->cache());
         student_of.push_back(student);
       };
       if (!teacher_done) add(full, Budget::of_fraction(1.0), Granularity::shared, kTeacher);
@@ -198,6 +206,7 @@ class TaskSuite {
   std::vector<Granularity> granularities_;
   TaskProtocol protocol_;
   std::vector<std::int32_t> stop_;
+  std::function<void(std::size_t, const KVCache<B>&)> on_compressed_;
   std::size_t max_batch_ = 16;
   DecoderBatch<B, W> stepper_;
   static constexpr std::size_t kTeacher = std::size_t(-1);

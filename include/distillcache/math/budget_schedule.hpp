@@ -29,5 +29,24 @@ inline double schedule_share(std::span<const SchedulePoint> points, double fract
   return points.back().share;
 }
 
+// The largest a.share + b.share over every budget fraction, and the fraction where it is reached.
+// Both are piecewise linear and constant beyond their ends, so the largest is at a point of one
+// of them (or anywhere, when both are empty: 0 at fraction 1); of equal sums, the smallest fraction.
+struct ScheduleSumMax {
+  double share = 0.0;
+  double fraction = 1.0;
+};
+inline ScheduleSumMax schedule_sum_max(std::span<const SchedulePoint> a, std::span<const SchedulePoint> b) {
+  ScheduleSumMax best;
+  bool any = false;
+  for (const auto points : {a, b})
+    for (const SchedulePoint& p : points) {
+      const double sum = schedule_share(a, p.fraction) + schedule_share(b, p.fraction);
+      if (!any || sum > best.share || (sum == best.share && p.fraction < best.fraction)) best = {sum, p.fraction};
+      any = true;
+    }
+  return best;
+}
+
 }  // namespace math
 }  // namespace dc

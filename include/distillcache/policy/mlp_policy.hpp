@@ -15,6 +15,10 @@
 // share, or a schedule of shares by budget fraction (budget / context tokens; linear between
 // points, math/budget_schedule.hpp), since what it costs and buys depends on the budget.
 //
+// newest_query_pins (none by default; policy/newest_query_pins.hpp): a share of the budget, by
+// budget fraction as the reserve's, for the positions the newest query of a few guide layers
+// attends to most, kept in every layer (one set of positions for all of them).
+//
 // score_base (none by default; policy/mlp_scoring.hpp): h2o makes the score log(H2O's
 // accumulated mass) + the MLP's output, a learned correction to H2O's ranking
 // (zero_output_layer() then gives H2O itself as the starting point of training).
@@ -47,6 +51,7 @@
 #include "policy.hpp"
 #include "mlp_scoring.hpp"
 #include "layer_lists.hpp"
+#include "newest_query_pins.hpp"
 #include "newest_query_reserve.hpp"
 #include "policy_inputs.hpp"
 
@@ -132,6 +137,14 @@ class MlpPolicy final : public EvictionPolicy {
     if (c.extra.contains("newest_query_reserve_elsewhere"))
       policy.set_newest_query_reserve_elsewhere(
           reserve_schedule_from_json(c.extra["newest_query_reserve_elsewhere"], "newest_query_reserve_elsewhere"));
+    if (c.extra.contains("newest_query_pins") || c.extra.contains("newest_query_pin_layers")) {
+      const bool shares = c.extra.contains("newest_query_pins");
+      DC_CHECK(shares && c.extra.contains("newest_query_pin_layers"), "policy checkpoint: '",
+               shares ? "newest_query_pins" : "newest_query_pin_layers", "' without '",
+               shares ? "newest_query_pin_layers" : "newest_query_pins", "'");
+      policy.set_newest_query_pins(layer_list_from_json(c.extra["newest_query_pin_layers"], "newest_query_pin_layers"),
+                                   reserve_schedule_from_json(c.extra["newest_query_pins"], "newest_query_pins"));
+    }
     if (c.extra.contains("newest_query_layers"))
       policy.set_newest_query_layers(layer_list_from_json(c.extra["newest_query_layers"], "newest_query_layers"));
     if (c.extra.contains("newest_query_layers_up_to")) {
@@ -156,11 +169,15 @@ class MlpPolicy final : public EvictionPolicy {
     if (newest_query_layers_up_to_ < 1.0) c.extra["newest_query_layers_up_to"] = newest_query_layers_up_to_;
     if (!reserve_layers_.empty()) c.extra["newest_query_reserve_layers"] = reserve_layers_;
     if (!reserve_elsewhere_.empty()) c.extra["newest_query_reserve_elsewhere"] = reserve_schedule_json(reserve_elsewhere_);
+    if (!pins_.empty()) {
+      c.extra["newest_query_pins"] = reserve_schedule_json(pins_);
+      c.extra["newest_query_pin_layers"] = pin_layers_;
+    }
     if (score_base_ != ScoreBase::none) c.extra["score_base"] = score_base_name(score_base_);
     if (!layer_weights_.empty()) c.extra["layer_budget_weights"] = layer_weights_;
     // The weights' count is the depth; without weights the lists need it said (written only
     // then, so a file with weights reads as before).
-    else if (layer_rules_depth_ > 0 && (!reserve_layers_.empty() || !newest_query_layers_.empty()))
+    else if (layer_rules_depth_ > 0 && (!reserve_layers_.empty() || !newest_query_layers_.empty() || !pin_layers_.empty()))
       c.extra["layer_rules_model_layers"] = layer_rules_depth_;
     return c;
   }
@@ -195,7 +212,9 @@ class MlpPolicy final : public EvictionPolicy {
   void set_recent_fraction(double fraction) {
     DC_CHECK(std::isfinite(fraction) && fraction >= 0.0 && fraction < 1.0, "mlp policy: "
              "recent_fraction ", fraction, " outside [0, 1)");
-    check_forced_share(fraction, std::max(max_reserve_share(reserve_), max_reserve_share(reserve_elsewhere_)));
+    check_forced_share(fraction, std::max(max_reserve_share(reserve_), max_reserve_share(reserve_elsewhere_)),
+                       max_reserve_share(pins_));
+    check_pins_with_reserve(fraction, pins_, reserve_, reserve_elsewhere_, reserve_layers_.empty());
     recent_fraction_ = fraction;
   }
   // The newest positions always kept at a budget of `budget` slots per group.
@@ -210,7 +229,9 @@ class MlpPolicy final : public EvictionPolicy {
   }
   void set_newest_query_reserve(std::vector<SchedulePoint> points) {
     check_reserve_schedule(points);
-    check_forced_share(recent_fraction_, max_reserve_share(points));
+    check_forced_share(recent_fraction_, std::max(max_reserve_share(points), max_reserve_share(reserve_elsewhere_)),
+                       max_reserve_share(pins_));
+    check_pins_with_reserve(recent_fraction_, pins_, points, reserve_elsewhere_, reserve_layers_.empty());
     reserve_ = std::move(points);
   }
   // The layers whose groups get the reserve, sorted (empty: every layer). Limited to the
@@ -221,6 +242,7 @@ class MlpPolicy final : public EvictionPolicy {
   void set_newest_query_reserve_layers(std::vector<int> layers) {
     DC_CHECK(!layers.empty() || reserve_elsewhere_.empty(), "mlp policy: a reserve elsewhere needs "
              "newest_query_reserve_layers (without them the reserve is in every layer and nothing is elsewhere)");
+    check_pins_with_reserve(recent_fraction_, pins_, reserve_, reserve_elsewhere_, layers.empty());
     reserve_layers_ = sorted_layer_list(std::move(layers), "newest_query_reserve_layers");
     check_layer_lists();
   }
@@ -234,7 +256,9 @@ class MlpPolicy final : public EvictionPolicy {
     check_reserve_schedule(points);
     DC_CHECK(points.empty() || !reserve_layers_.empty(), "mlp policy: a reserve elsewhere needs "
              "newest_query_reserve_layers (without them the reserve is in every layer and nothing is elsewhere)");
-    check_forced_share(recent_fraction_, max_reserve_share(points));
+    check_forced_share(recent_fraction_, std::max(max_reserve_share(reserve_), max_reserve_share(points)),
+                       max_reserve_share(pins_));
+    check_pins_with_reserve(recent_fraction_, pins_, reserve_, points, reserve_layers_.empty());
     reserve_elsewhere_ = std::move(points);
   }
   // Layers whose whole budget goes to the rows the layer's newest query attends to most (TOVA's
@@ -262,6 +286,26 @@ class MlpPolicy final : public EvictionPolicy {
     DC_CHECK(fraction == 1.0 || !newest_query_layers_.empty(), kUpToNeedsLayers);
     newest_query_layers_up_to_ = fraction;
   }
+  // Pins (policy/newest_query_pins.hpp): in every layer, the positions the newest query of the
+  // `guide_layers` attends to most (their mean over those layers' KV heads), as many as `shares`
+  // gives of the budget at its fraction (the reserve's schedule format; empty: none). Both or
+  // neither. Why: TOVA's rule in SmolLM2's retrieval layers keeps a needle there, but the layers
+  // after them lose its digits (bench/results/README.md, "Pins").
+  const std::vector<SchedulePoint>& newest_query_pins() const { return pins_; }
+  const std::vector<int>& newest_query_pin_layers() const { return pin_layers_; }
+  void set_newest_query_pins(std::vector<int> guide_layers, std::vector<SchedulePoint> shares) {
+    check_reserve_schedule(shares, "newest-query pins");
+    DC_CHECK(guide_layers.empty() == shares.empty(), "mlp policy: newest-query pins need both guide layers and "
+             "shares, or neither (", guide_layers.empty() ? "no guide layer given" : "no share given", ")");
+    check_forced_share(recent_fraction_, std::max(max_reserve_share(reserve_), max_reserve_share(reserve_elsewhere_)),
+                       max_reserve_share(shares));
+    check_pins_with_reserve(recent_fraction_, shares, reserve_, reserve_elsewhere_, reserve_layers_.empty());
+    pin_layers_ = sorted_layer_list(std::move(guide_layers), "newest_query_pin_layers");
+    pins_ = std::move(shares);
+    check_layer_lists();
+  }
+  int pin_tokens(int budget, int tokens) const { return scheduled_rows(pins_, budget, tokens); }
+
   // The rows kept for the newest query at a budget of `budget` slots per group when the context
   // holds `tokens` (the budget's fraction picks the share).
   int reserve_tokens(int budget, int tokens) const { return scheduled_rows(reserve_, budget, tokens); }
@@ -278,7 +322,8 @@ class MlpPolicy final : public EvictionPolicy {
     return score_base_ == other.score_base_ && recent_fraction_ == other.recent_fraction_ &&
            reserve_ == other.reserve_ && reserve_layers_ == other.reserve_layers_ &&
            reserve_elsewhere_ == other.reserve_elsewhere_ && newest_query_layers_ == other.newest_query_layers_ &&
-           newest_query_layers_up_to_ == other.newest_query_layers_up_to_;
+           newest_query_layers_up_to_ == other.newest_query_layers_up_to_ && pins_ == other.pins_ &&
+           pin_layers_ == other.pin_layers_;
   }
   std::string describe_forced_rules() const {
     std::ostringstream o;
@@ -288,6 +333,8 @@ class MlpPolicy final : public EvictionPolicy {
       << ", newest-query layers " << describe_layer_list(newest_query_layers_);
     if (newest_query_layers_up_to_ < 1.0) o << " up to " << newest_query_layers_up_to_ << " of the context";
     if (!reserve_elsewhere_.empty()) o << ", reserve elsewhere " << describe_reserve_schedule(reserve_elsewhere_);
+    if (!pins_.empty())
+      o << ", pins " << describe_reserve_schedule(pins_) << " guided by layers " << describe_layer_list(pin_layers_);
     return o.str();
   }
 
@@ -327,16 +374,20 @@ class MlpPolicy final : public EvictionPolicy {
     mlp_policy_scores(f, inputs_, budget, layout_, params_.data(), scores, recent_tokens(budget), score_base_);
     const int depth = layer_rules_depth(), model_layers = f.model_layers();
     const int tokens = f.latest_position + 1;
-    const bool newest_query_layers_on =
-        tokens > 0 && double(budget) / double(tokens) <= newest_query_layers_up_to_;
+    const bool newest_query_layers_on = tokens > 0 && budget_fraction(budget, tokens) <= newest_query_layers_up_to_;
+    // Pins first: the reserves then choose among the rows still free.
+    const int pins = pin_tokens(budget, tokens);
     if (depth == 0 || depth == model_layers) {
+      pin_newest_query_positions(f, pins, pin_layers_, scores);
       reserve_newest_query_rows(f, reserve_tokens(budget, tokens), scores, reserve_layers_);
       reserve_elsewhere(f, budget, reserve_layers_, scores);
       if (newest_query_layers_on) give_layers_to_newest_query(f, budget, newest_query_layers_, scores);
       return;
     }
     // Another model: the lists at the same depth. An empty reserve list means every layer, so
-    // a list that maps to no layer means no reserve (and every layer is elsewhere).
+    // a list that maps to no layer means no reserve (and every layer is elsewhere); no guide
+    // layer means no pins.
+    pin_newest_query_positions(f, pins, layer_list_at_depth(pin_layers_, depth, model_layers), scores);
     const std::vector<int> reserve_layers = layer_list_at_depth(reserve_layers_, depth, model_layers);
     const bool reserve_nowhere = !reserve_layers_.empty() && reserve_layers.empty();
     reserve_newest_query_rows(f, reserve_nowhere ? 0 : reserve_tokens(budget, tokens), scores, reserve_layers);
@@ -377,9 +428,13 @@ class MlpPolicy final : public EvictionPolicy {
     if (!elsewhere.empty()) reserve_newest_query_rows(f, rows, scores, elsewhere);
   }
 
+  // The budget as a fraction of the context: what the reserve schedules and the newest-query
+  // limit are keyed on (tokens > 0).
+  static double budget_fraction(int budget, int tokens) { return double(budget) / double(tokens); }
+
   static int scheduled_rows(std::span<const SchedulePoint> schedule, int budget, int tokens) {
     if (schedule.empty() || tokens <= 0) return 0;
-    return int(math::schedule_share(schedule, double(budget) / double(tokens)) * double(budget));
+    return int(math::schedule_share(schedule, budget_fraction(budget, tokens)) * double(budget));
   }
 
   // A checkpoint's reserve schedule under `key`: a number (one share) or [[fraction, share], ...]
@@ -411,15 +466,36 @@ class MlpPolicy final : public EvictionPolicy {
   void check_layer_lists() const {
     const int depth = layer_rules_depth();
     if (depth == 0) return;
-    for (const auto* list : {&reserve_layers_, &newest_query_layers_})
+    for (const auto* list : {&reserve_layers_, &newest_query_layers_, &pin_layers_})
       DC_CHECK(list->empty() || list->back() < depth, "mlp policy: layer ", list->empty() ? 0 : list->back(),
                " named in rules for a model of ", depth, " layers");
   }
 
-  // The recent window and the reserve are both taken out of the budget before the MLP chooses.
-  static void check_forced_share(double recent, double reserve) {
+  // The recent window and the reserve are both taken out of the budget before the MLP chooses,
+  // and so are the pins, at most (on text many pinned positions are recent rows). The three are
+  // not checked together: the reserve is largest where budget weights raise a layer's budget
+  // (SmolLM2's layers 18-20 under 3x weights), so its nominal share overstates what it takes;
+  // where forced rows do outnumber a group's budget, select keeps the oldest (ties go to the older slot).
+  static void check_forced_share(double recent, double reserve, double pins) {
     DC_CHECK(recent + reserve < 1.0, "mlp policy: recent_fraction ", recent, " plus newest_query_reserve ",
              reserve, " leave nothing of the budget to the MLP (their sum must be below 1)");
+    DC_CHECK(recent + pins < 1.0, "mlp policy: recent_fraction ", recent, " plus newest_query_pins ", pins,
+             " leave nothing of the budget to the MLP (their sum must be below 1)");
+  }
+  // Pins with the reserve of the layers whose budget nothing raises (every layer's reserve
+  // without reserve layers, else the reserve elsewhere), budget fraction by budget fraction: where
+  // window, pins and reserve fill a group's budget, the forced rows outnumber it and select drops
+  // some (the newest: ties go to the older slot). Measured: pins of 0.2 with a reserve of 0.3 and
+  // a window of 0.5 at 50 % multiplied the training text's KL by four.
+  void check_pins_with_reserve(double recent, std::span<const SchedulePoint> pins,
+                               std::span<const SchedulePoint> reserve, std::span<const SchedulePoint> elsewhere,
+                               bool reserve_everywhere) const {
+    if (pins.empty()) return;
+    const math::ScheduleSumMax m = math::schedule_sum_max(pins, reserve_everywhere ? reserve : elsewhere);
+    DC_CHECK(recent + m.share < 1.0, "mlp policy: recent_fraction ", recent, " plus newest_query_pins and the ",
+             reserve_everywhere ? "newest_query_reserve" : "newest_query_reserve_elsewhere", " reach ",
+             recent + m.share, " of the budget at budget fraction ", m.fraction,
+             ": nothing left to the MLP (their sum must be below 1)");
   }
 
   std::vector<PolicyInput> inputs_;
@@ -430,6 +506,8 @@ class MlpPolicy final : public EvictionPolicy {
   std::vector<SchedulePoint> reserve_;
   std::vector<int> newest_query_layers_;
   double newest_query_layers_up_to_ = 1.0;
+  std::vector<SchedulePoint> pins_;
+  std::vector<int> pin_layers_;
   static constexpr const char* kUpToNeedsLayers =
       "mlp policy: newest_query_layers_up_to below 1 needs newest_query_layers (set it to 1 before removing them)";
   std::vector<int> reserve_layers_;

@@ -28,16 +28,16 @@
 namespace dc {
 
 // A reserve's shares by budget fraction (math/budget_schedule.hpp): empty (no reserve), or
-// fractions strictly increasing in (0, 1] and shares in [0, 1). Throws naming the first problem.
-inline void check_reserve_schedule(std::span<const SchedulePoint> points) {
+// fractions strictly increasing in (0, 1] and shares in [0, 1). Throws naming the first problem
+// and `what` the schedule is for (the pins take the same format).
+inline void check_reserve_schedule(std::span<const SchedulePoint> points, const char* what = "newest-query reserve") {
   for (std::size_t i = 0; i < points.size(); ++i) {
     const SchedulePoint p = points[i];
-    DC_CHECK(std::isfinite(p.fraction) && p.fraction > 0.0 && p.fraction <= 1.0, "newest-query reserve: budget "
-             "fraction ", p.fraction, " outside (0, 1]");
-    DC_CHECK(std::isfinite(p.share) && p.share >= 0.0 && p.share < 1.0, "newest-query reserve: share ", p.share,
-             " outside [0, 1)");
-    DC_CHECK(i == 0 || p.fraction > points[i - 1].fraction, "newest-query reserve: budget fractions must "
-             "increase, ", p.fraction, " follows ", points[i - 1].fraction);
+    DC_CHECK(std::isfinite(p.fraction) && p.fraction > 0.0 && p.fraction <= 1.0, what, ": budget fraction ",
+             p.fraction, " outside (0, 1]");
+    DC_CHECK(std::isfinite(p.share) && p.share >= 0.0 && p.share < 1.0, what, ": share ", p.share, " outside [0, 1)");
+    DC_CHECK(i == 0 || p.fraction > points[i - 1].fraction, what, ": budget fractions must increase, ", p.fraction,
+             " follows ", points[i - 1].fraction);
   }
 }
 
@@ -62,10 +62,10 @@ inline std::string describe_reserve_schedule(std::span<const SchedulePoint> poin
 
 // "0.25" (the same share at every budget) or "0.125:0,0.25:0.25,0.5:0.375" (budget fraction:share
 // points, linear in between). "0" is no reserve.
-inline std::vector<SchedulePoint> parse_reserve_schedule(std::string_view text) {
+inline std::vector<SchedulePoint> parse_reserve_schedule(std::string_view text, const char* what = "newest-query reserve") {
   auto number = [&](std::string_view s) {
     const auto v = whole_double(s);
-    DC_CHECK(v.has_value(), "newest-query reserve '", std::string(text), "': '", std::string(s), "' is not a number");
+    DC_CHECK(v.has_value(), what, " '", std::string(text), "': '", std::string(s), "' is not a number");
     return *v;
   };
   std::vector<SchedulePoint> points;
@@ -75,12 +75,12 @@ inline std::vector<SchedulePoint> parse_reserve_schedule(std::string_view text) 
   } else {
     for (const std::string_view item : comma_items(text)) {
       const std::size_t colon = item.find(':');
-      DC_CHECK(colon != std::string_view::npos, "newest-query reserve '", std::string(text), "': '",
-               std::string(item), "' is not FRACTION:SHARE");
+      DC_CHECK(colon != std::string_view::npos, what, " '", std::string(text), "': '", std::string(item),
+               "' is not FRACTION:SHARE");
       points.push_back({number(item.substr(0, colon)), number(item.substr(colon + 1))});
     }
   }
-  check_reserve_schedule(points);
+  check_reserve_schedule(points, what);
   return points;
 }
 
