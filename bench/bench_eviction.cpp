@@ -34,7 +34,8 @@ void decode_with_statistics(benchmark::State& state) {
 // (those rows skipped); 6 v3's on H2O's score base (log of the accumulated mass added to the
 // MLP's output: one more logarithm a row); 7 a linear correction of H2O's score base
 // (policy/linear_correction.hpp) in the smallest network that carries it, one hidden layer of
-// 2 ReLU units, newest half kept, policy v4's weights (train --search-rounds); 8 policy v5.
+// 2 ReLU units, newest half kept, policy v4's weights (train --search-rounds); 8 policy v5; 9
+// policy v10; 10 policy v9 (v10 without its pins).
 dc::MlpPolicy& learned_policy(long shape) {
   auto make = [](std::vector<int> hidden, dc::Activation activation, bool budget_age, float recent) {
     auto inputs = dc::paper_policy_inputs();
@@ -78,6 +79,29 @@ dc::MlpPolicy& learned_policy(long shape) {
     p.set_layer_budget_weights(dc::parse_layer_budget_weights("18-20=1.5", 30));
     return p;
   }();
+  // 9: the shipped policy v10 (policies/smollm2-135m-instruct.dcpolicy's rules and weights): 3x
+  // the budget in layers 18-20, the reserve there, TOVA's rule in layers 18 and 21 up to 37.5 %,
+  // a reserve elsewhere at 50 % and pins guided by layers 20-22 (docs/design.md).
+  static dc::MlpPolicy v10 = [&] {
+    auto p = make({2}, dc::Activation::relu, false, 0.5f);
+    p.set_score_base(dc::ScoreBase::h2o);
+    const std::vector<float> w = {0.0f, 1.625f, 0.5f, 0.0f, 0.4375f, 0.0f};
+    const auto params = dc::linear_correction_params(p.layout(), w);
+    std::copy(params.begin(), params.end(), p.params().begin());
+    p.set_layer_budget_weights(dc::parse_layer_budget_weights("18-20=3", 30));
+    p.set_newest_query_reserve(0.45);
+    p.set_newest_query_reserve_layers(dc::parse_layer_list("18-20"));
+    p.set_newest_query_reserve_elsewhere(dc::parse_reserve_schedule("0.25:0,0.5:0.3"));
+    p.set_newest_query_layers(dc::parse_layer_list("18,21"));
+    p.set_newest_query_layers_up_to(0.375);
+    p.set_newest_query_pins(dc::parse_layer_list("20-22"), dc::parse_reserve_schedule("0.25:0.2,0.5:0.1"));
+    return p;
+  }();
+  static dc::MlpPolicy v9 = [&] {
+    auto p = v10;
+    p.set_newest_query_pins({}, {});
+    return p;
+  }();
   switch (shape) {
     case 1: return v2;
     case 2: return v3;
@@ -86,6 +110,8 @@ dc::MlpPolicy& learned_policy(long shape) {
     case 5: return age_quarter;
     case 6: return on_h2o;
     case 8: return v5;
+    case 9: return v10;
+    case 10: return v9;
     default: return linear;
   }
 }
@@ -107,7 +133,7 @@ dc::KeepSets select_for(const dc::EvictionPolicy& policy, std::span<const float>
 
 // One eviction of a context down to 25 %: features, scores, top-B, compaction. Arg 1: the
 // granularity (0 shared, 1 layer, 2 head: one keep-set per (layer, KV head)); arg 2: the policy
-// (0 H2O, 1-8 the learned MLP policy in the shapes of learned_policy).
+// (0 H2O, 1-10 the learned MLP policy in the shapes of learned_policy).
 void evict_once(benchmark::State& state) {
   const int context = int(state.range(0)), budget = context / 4;
   const auto granularity = dc::Granularity(state.range(1));
@@ -136,7 +162,7 @@ void evict_once(benchmark::State& state) {
 // The eviction a decoder runs every `chunk` tokens at a 25 % budget: a cache of B + chunk slots
 // back to B, at head granularity (features, scores, top-B, compaction), B = 2048 (25 % of 8k)
 // and 512 (of 2k). Divided by the chunk it is the per-token cost to set against a decode step
-// at the same length (decode_with_statistics). Arg 0: B; arg 1: the policy (0 H2O, 1-8 the
+// at the same length (decode_with_statistics). Arg 0: B; arg 1: the policy (0 H2O, 1-10 the
 // learned MLP's shapes of learned_policy); arg 2: the chunk
 // (examples/eval --chunk; by default B / 64, at least 16: 32 at B = 2048); arg 3: the cache's
 // K/V storage (0 fp32, 1 bf16: half the bytes the compaction moves).
@@ -183,7 +209,7 @@ void evict_decode_chunk(benchmark::State& state) {
 }
 
 // Scoring alone (the policy's share of an eviction) on the features of a filled cache at head
-// granularity. Arg 0: context; arg 1: policy (0 H2O, 1-8 the learned MLP's shapes).
+// granularity. Arg 0: context; arg 1: policy (0 H2O, 1-10 the learned MLP's shapes).
 void score_only(benchmark::State& state) {
   const int context = int(state.range(0));
   auto& model = dc_bench::smollm2_model(1);
@@ -242,15 +268,17 @@ BENCHMARK(evict_once)
     ->Args({8191, 2, 6})
     ->Args({8191, 2, 7})
     ->Args({8191, 2, 8})
+    ->Args({8191, 2, 9})
+    ->Args({8191, 2, 10})
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(evict_decode_chunk)
     ->ArgsProduct({{512, 2048}, {0, 1, 2, 3}, {16}, {0}})
-    ->ArgsProduct({{2048}, {0, 2, 4, 5, 6, 7, 8}, {16, 32}, {1}})
-    ->ArgsProduct({{512, 2048}, {7, 8}, {16}, {0}})
+    ->ArgsProduct({{2048}, {0, 2, 4, 5, 6, 7, 8, 9, 10}, {16, 32}, {1}})
+    ->ArgsProduct({{512, 2048}, {7, 8, 9, 10}, {16}, {0}})
     ->Args({2048, 0, 32, 0})
     ->Args({2048, 2, 32, 0})
     ->Unit(benchmark::kMicrosecond);
-BENCHMARK(score_only)->ArgsProduct({{1024, 8191}, {0, 1, 2, 3, 4, 5, 6, 7, 8}})->Unit(benchmark::kMicrosecond);
+BENCHMARK(score_only)->ArgsProduct({{1024, 8191}, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10}})->Unit(benchmark::kMicrosecond);
 BENCHMARK(decode_budget_vs_full)
     ->Args({0, 0})
     ->Args({1, 0})

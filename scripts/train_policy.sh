@@ -25,7 +25,7 @@
 # (--newest-query-layers-up-to 0.375): at 50 % layer 21's rule cost text KL and no needle, so
 # there the shipped file has v8's rules. (The search still ran with layer 21's rule at 50 %; a
 # search under the limit, train --newest-query-layers-up-to, has not been run.) The same derive
-# adds pins (v10, "Pins" in bench/results/README.md): in every layer, the positions that the
+# adds pins (v10, "v10 shipped" in bench/results/README.md): in every layer, the positions that the
 # newest query of layers 20-22 attends to most, 0.2 of the budget up to 25 % of the context and
 # 0.1 at 50 % (--newest-query-pins 0.25:0.2,0.5:0.1 --newest-query-pin-layers 20-22), since v9
 # kept single needles in layers 18 and 21 and lost their digits in the layers after them. (The

@@ -290,7 +290,7 @@ class MlpPolicy final : public EvictionPolicy {
   // `guide_layers` attends to most (their mean over those layers' KV heads), as many as `shares`
   // gives of the budget at its fraction (the reserve's schedule format; empty: none). Both or
   // neither. Why: TOVA's rule in SmolLM2's retrieval layers keeps a needle there, but the layers
-  // after them lose its digits (bench/results/README.md, "Pins").
+  // after them lose its digits (bench/results/README.md, "v10 shipped").
   const std::vector<SchedulePoint>& newest_query_pins() const { return pins_; }
   const std::vector<int>& newest_query_pin_layers() const { return pin_layers_; }
   void set_newest_query_pins(std::vector<int> guide_layers, std::vector<SchedulePoint> shares) {

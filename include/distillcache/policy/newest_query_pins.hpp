@@ -5,7 +5,7 @@
 // Why: on SmolLM2's single-needle prompts at 25 % the shipped v9 keeps the needle in its
 // retrieval layers (TOVA's rule in layers 18 and 21) and still answers only the number's first
 // digits about one time in four; TOVA, which answers nearly every one, keeps the needle in every
-// layer from 14 on, v9 in few of them (bench/results/README.md, "Pins"). Giving more layers
+// layer from 14 on, v9 in few of them (bench/results/README.md, "v10 shipped"). Giving more layers
 // to the newest query costs text KL in each of them; a pin costs a layer at most the pinned
 // rows, and on text the positions a retrieval layer's newest query ranks first are mostly recent
 // ones (kept by the recent window anyway) where on a needle prompt they are the needle. One set
