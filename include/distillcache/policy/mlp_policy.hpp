@@ -472,10 +472,10 @@ class MlpPolicy final : public EvictionPolicy {
   }
 
   // The recent window and the reserve are both taken out of the budget before the MLP chooses,
-  // and so are the pins, at most (on text many pinned positions are recent rows). The three are
-  // not checked together: the reserve is largest where budget weights raise a layer's budget
-  // (SmolLM2's layers 18-20 under 3x weights), so its nominal share overstates what it takes;
-  // where forced rows do outnumber a group's budget, select keeps the oldest (ties go to the older slot).
+  // and so are the pins, at most (on text many pinned positions are recent rows). All three are
+  // checked together only for the layers no budget weight raises (check_pins_with_reserve): the
+  // reserve of the others is largest where weights raise their budget (SmolLM2's layers 18-20
+  // under 3x weights), so its nominal share overstates what it takes there.
   static void check_forced_share(double recent, double reserve, double pins) {
     DC_CHECK(recent + reserve < 1.0, "mlp policy: recent_fraction ", recent, " plus newest_query_reserve ",
              reserve, " leave nothing of the budget to the MLP (their sum must be below 1)");

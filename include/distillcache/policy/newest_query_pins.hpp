@@ -74,8 +74,10 @@ inline void pin_newest_query_positions(const TokenFeatures& f, int count, std::s
            f.model_layers(), " layers");
   if (count == 0) return;
   const std::vector<char> pinned = pinned_positions(guide_query_mass(f, guide), count);
-  for (int r = 0; r < f.size; ++r)
-    if (pinned[std::size_t(f.position[std::size_t(r)])]) scores[std::size_t(r)] = INFINITY;
+  for (int r = 0; r < f.size; ++r) {
+    const std::int32_t p = f.position[std::size_t(r)];  // a row outside [0, latest] is no pin
+    if (p >= 0 && std::size_t(p) < pinned.size() && pinned[std::size_t(p)]) scores[std::size_t(r)] = INFINITY;
+  }
 }
 
 }  // namespace dc
