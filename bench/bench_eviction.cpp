@@ -165,14 +165,36 @@ void evict_once(benchmark::State& state) {
 // at the same length (decode_with_statistics). Arg 0: B; arg 1: the policy (0 H2O, 1-10 the
 // learned MLP's shapes of learned_policy); arg 2: the chunk
 // (examples/eval --chunk; by default B / 64, at least 16: 32 at B = 2048); arg 3: the cache's
-// K/V storage (0 fp32, 1 bf16: half the bytes the compaction moves).
-void evict_decode_chunk(benchmark::State& state) {
-  const int budget = int(state.range(0)), chunk = int(state.range(2)), context = budget + chunk;
-  const dc::DType kv_type = state.range(3) ? dc::DType::bf16 : dc::DType::f32;
-  auto& model = dc_bench::smollm2_model(1);
-  auto full = model.make_cache(context, kv_type);
-  dc_bench::fill_cache(full, context);
+// K/V storage (0 fp32, 1 bf16: half the bytes the compaction moves); arg 4: the context N the
+// rows come from. 0: the B + chunk rows are positions 0 to B + chunk - 1, so the budget is
+// nearly the whole context, and a policy whose rules follow the budget fraction (v9/v10's
+// schedules) runs those of a fraction near 1. N: as a decoder at B / N of an N-token prompt
+// holds them (examples/eval's decode mode): an N-token cache compressed once, by H2O's score
+// with the newest chunk kept, to B + chunk rows per KV head, positions spread over [0, N).
+dc::KVCache<dc::cpu> decode_chunk_cache(dc::Transformer<dc::cpu, float>& model, int rows, int chunk, int context,
+                                        dc::DType kv_type) {
+  if (context == 0) {
+    auto cache = model.make_cache(rows, kv_type);
+    dc_bench::fill_cache(cache, rows);
+    return cache;
+  }
   auto cache = model.make_cache(context, kv_type);
+  dc_bench::fill_cache(cache, context);
+  const dc::TokenFeatures f = dc::gather_features(model.context(), cache, dc::Granularity::head);
+  std::vector<float> scores(f.accumulated_mass);
+  for (int r = 0; r < f.size; ++r)
+    if (f.position[std::size_t(r)] > f.latest_position - chunk) scores[std::size_t(r)] = INFINITY;
+  dc::compact_groups(model.context(), cache, f, dc::select_keep_groups(scores, f, rows));
+  return cache;
+}
+
+void evict_decode_chunk(benchmark::State& state) {
+  const int budget = int(state.range(0)), chunk = int(state.range(2)), rows = budget + chunk;
+  const dc::DType kv_type = state.range(3) ? dc::DType::bf16 : dc::DType::f32;
+  const int context = int(state.range(4));
+  auto& model = dc_bench::smollm2_model(1);
+  const auto full = decode_chunk_cache(model, rows, chunk, context, kv_type);
+  auto cache = model.make_cache(full.capacity(), kv_type);
   dc::H2OPolicy h2o;
   dc::EvictionPolicy& policy = chosen_policy(long(state.range(1)), h2o);
   std::vector<float> scores;
@@ -193,7 +215,7 @@ void evict_decode_chunk(benchmark::State& state) {
     policy.score(f, budget, scores);
     score_s += seconds_since(t);
     t = clock::now();
-    const dc::KeepSets keep = select_for(policy, scores, f, budget, context, model.config().num_layers);
+    const dc::KeepSets keep = select_for(policy, scores, f, budget, rows, model.config().num_layers);
     select_s += seconds_since(t);
     t = clock::now();
     dc::compact_groups(model.context(), cache, f, keep);
@@ -272,11 +294,14 @@ BENCHMARK(evict_once)
     ->Args({8191, 2, 10})
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(evict_decode_chunk)
-    ->ArgsProduct({{512, 2048}, {0, 1, 2, 3}, {16}, {0}})
-    ->ArgsProduct({{2048}, {0, 2, 4, 5, 6, 7, 8, 9, 10}, {16, 32}, {1}})
-    ->ArgsProduct({{512, 2048}, {7, 8, 9, 10}, {16}, {0}})
-    ->Args({2048, 0, 32, 0})
-    ->Args({2048, 2, 32, 0})
+    ->ArgsProduct({{512, 2048}, {0, 1, 2, 3}, {16}, {0}, {0}})
+    ->ArgsProduct({{2048}, {0, 2, 4, 5, 6, 7, 8, 9, 10}, {16, 32}, {1}, {0}})
+    ->ArgsProduct({{512, 2048}, {7, 8, 9, 10}, {16}, {0}, {0}})
+    ->Args({2048, 0, 32, 0, 0})
+    ->Args({2048, 2, 32, 0, 0})
+    // As in a decode at 25 % (B = 512 of 2048, 2048 of 8192) and at 50 % (2048 of 4096).
+    ->ArgsProduct({{512}, {0, 8, 9, 10}, {16}, {0}, {2048}})
+    ->ArgsProduct({{2048}, {0, 8, 9, 10}, {32}, {0}, {4096, 8192}})
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(score_only)->ArgsProduct({{1024, 8191}, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10}})->Unit(benchmark::kMicrosecond);
 BENCHMARK(decode_budget_vs_full)

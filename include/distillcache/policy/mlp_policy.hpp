@@ -370,24 +370,25 @@ class MlpPolicy final : public EvictionPolicy {
 
  protected:
   void score_slots(const TokenFeatures& f, int budget, std::span<float> scores) override {
-    // forward's bits, the recent window +inf (not scored at all where a tile is all recent)
-    mlp_policy_scores(f, inputs_, budget, layout_, params_.data(), scores, recent_tokens(budget), score_base_);
     const int depth = layer_rules_depth(), model_layers = f.model_layers();
+    const bool same_depth = depth == 0 || depth == model_layers;
     const int tokens = f.latest_position + 1;
     const bool newest_query_layers_on = tokens > 0 && budget_fraction(budget, tokens) <= newest_query_layers_up_to_;
-    // Pins first: the reserves then choose among the rows still free.
-    const int pins = pin_tokens(budget, tokens);
-    if (depth == 0 || depth == model_layers) {
-      pin_newest_query_positions(f, pins, pin_layers_, scores);
+    // Pins first (with the recent window: the scoring loop sets both +inf and skips tiles of
+    // forced rows alone), so the reserves then choose among the rows still free. On another
+    // model the lists apply at the same depth; no guide layer there means no pins.
+    const std::vector<char> pinned = newest_query_pinned_positions(
+        f, pin_tokens(budget, tokens), same_depth ? pin_layers_ : layer_list_at_depth(pin_layers_, depth, model_layers));
+    // forward's bits, then +inf for the forced rows
+    mlp_policy_scores(f, inputs_, budget, layout_, params_.data(), scores, recent_tokens(budget), score_base_, pinned);
+    if (same_depth) {
       reserve_newest_query_rows(f, reserve_tokens(budget, tokens), scores, reserve_layers_);
       reserve_elsewhere(f, budget, reserve_layers_, scores);
       if (newest_query_layers_on) give_layers_to_newest_query(f, budget, newest_query_layers_, scores);
       return;
     }
     // Another model: the lists at the same depth. An empty reserve list means every layer, so
-    // a list that maps to no layer means no reserve (and every layer is elsewhere); no guide
-    // layer means no pins.
-    pin_newest_query_positions(f, pins, layer_list_at_depth(pin_layers_, depth, model_layers), scores);
+    // a list that maps to no layer means no reserve (and every layer is elsewhere).
     const std::vector<int> reserve_layers = layer_list_at_depth(reserve_layers_, depth, model_layers);
     const bool reserve_nowhere = !reserve_layers_.empty() && reserve_layers.empty();
     reserve_newest_query_rows(f, reserve_nowhere ? 0 : reserve_tokens(budget, tokens), scores, reserve_layers);

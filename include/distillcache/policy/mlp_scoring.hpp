@@ -13,7 +13,7 @@
 // recent: rows whose position is among the newest `recent` (position > latest - recent) score
 // +inf, as MlpPolicy's recent window keeps them whatever the MLP says, and a tile holding only
 // such rows skips the MLP: in the decoder's eviction of B + 16 rows back to B with the newest
-// half of B kept, that is nearly half of every group.
+// half of B kept, that is nearly half of every group. Pinned rows (below) count as recent ones.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -54,9 +54,14 @@ inline void add_score_base(ScoreBase base, const float* DC_RESTRICT accumulated_
   for (int i = 0; i < rows; ++i) scores[i] += math::h2o_base_score(accumulated_mass[i]);
 }
 
+// pinned: empty, or a flag per position (newest_query_pins.hpp's pinned_positions): rows at a
+// flagged position score +inf like the recent window's. Here rather than in a pass of their own
+// because this loop reads every row's position anyway; that pass over 737k rows (SmolLM2 at 8k,
+// head granularity) was most of the pins' cost.
 inline void mlp_policy_scores(const TokenFeatures& f, std::span<const PolicyInput> inputs, int budget,
                               const MlpLayout& layout, const float* params, std::span<float> scores,
-                              int recent = 0, ScoreBase base = ScoreBase::none) {
+                              int recent = 0, ScoreBase base = ScoreBase::none,
+                              std::span<const char> pinned = {}) {
   DC_CHECK(layout.inputs == int(inputs.size()), "mlp_policy_scores: the MLP takes ", layout.inputs,
            " inputs, ", inputs.size(), " asked for");
   DC_CHECK(scores.size() >= std::size_t(f.size), "mlp_policy_scores: ", scores.size(),
@@ -73,6 +78,13 @@ inline void mlp_policy_scores(const TokenFeatures& f, std::span<const PolicyInpu
   DC_OMP(parallel for schedule(dynamic) if (groups > 1 && f.size > 4096))
   for (int g = 0; g < groups; ++g) scale[std::size_t(g)] = policy_input_scale(f, g, layers);
   const std::int64_t count = first_tile.back();
+  const std::uint32_t pins = std::uint32_t(pinned.size());
+  // The flags as 32-bit integers, so that the tile loop below looks them up with vector gathers
+  // (as bytes the lookup stayed scalar). Still about 0.4 ms over 737k rows (SmolLM2 at 8k, head
+  // granularity): pins lie anywhere, so every row is looked up.
+  const std::vector<std::int32_t> pin_flags(pinned.begin(), pinned.end());
+  const std::int32_t* pin_flag = pin_flags.data();
+  const int newest_unforced = f.latest_position - recent;
   const std::size_t width = std::size_t(layout.widest()) * T;
   // An input whose first-layer weights are all zero adds nothing (0 times a finite input): it is
   // not built. A linear correction (policy/linear_correction.hpp) typically reads a few of its
@@ -91,8 +103,15 @@ inline void mlp_policy_scores(const TokenFeatures& f, std::span<const PolicyInpu
       const int row0 = group.row_begin + int(t - first_tile[std::size_t(g)]) * T;
       const int rows = std::min(T, group.row_end - row0);
       const std::int32_t* position = f.position.data() + row0;
-      int in_window = 0;  // rows of the tile in the recent window
-      for (int r = 0; r < rows; ++r) in_window += position[r] > f.latest_position - recent ? 1 : 0;
+      std::int32_t forced[T];  // rows of the tile in the recent window or pinned (loops without branches)
+      for (int r = 0; r < rows; ++r) forced[r] = position[r] > newest_unforced ? 1 : 0;
+      if (pins > 0)
+        for (int r = 0; r < rows; ++r) {  // a position outside [0, latest] is no pin
+          const std::uint32_t p = std::uint32_t(position[r]);
+          forced[r] |= pin_flag[std::min(p, pins - 1)] & (p < pins ? 1 : 0);  // an unconditional load
+        }
+      int in_window = 0;
+      for (int r = 0; r < rows; ++r) in_window += forced[r];
       if (in_window == rows) {
         std::fill(scores.data() + row0, scores.data() + row0 + rows, INFINITY);
         continue;
@@ -109,9 +128,10 @@ inline void mlp_policy_scores(const TokenFeatures& f, std::span<const PolicyInpu
       }
       cpu_detail::mlp_tile_layers(layout, params, row0, rows, scores.data(), nullptr, a.data(), z.data());
       add_score_base(base, f.accumulated_mass.data() + row0, rows, scores.data() + row0);
-      if (in_window > 0)
-        for (int r = 0; r < rows; ++r)
-          if (position[r] > f.latest_position - recent) scores[std::size_t(row0 + r)] = INFINITY;
+      if (in_window > 0) {  // a blend, not a branch: pinned rows lie anywhere in a tile
+        float* tile_scores = scores.data() + row0;
+        for (int r = 0; r < rows; ++r) tile_scores[r] = forced[r] ? INFINITY : tile_scores[r];
+      }
     }
   }
 }

@@ -18,6 +18,9 @@
 #include <vector>
 
 #include "../cache/features.hpp"
+#include "../cpu/parallel.hpp"
+#include "../cpu/radix_select.hpp"
+#include "../math/plackett_luce.hpp"
 #include "layer_lists.hpp"
 #include "policy_inputs.hpp"
 
@@ -50,33 +53,53 @@ inline std::vector<float> guide_query_mass(const TokenFeatures& f, std::span<con
 
 // A flag per position: the `count` positions of largest mass (ties to the newer position, so
 // the choice does not depend on the order rows come in), every position if count exceeds them.
+// By radix selection of the count-th largest mass (cpu/radix_select.hpp), as the reserve.
 inline std::vector<char> pinned_positions(std::span<const float> mass, int count) {
   DC_CHECK(count >= 0, "newest-query pins: negative count ", count);
-  std::vector<std::int32_t> order(mass.size());
-  for (std::size_t p = 0; p < order.size(); ++p) order[p] = std::int32_t(p);
-  const std::size_t take = std::min(order.size(), std::size_t(count));
-  std::nth_element(order.begin(), order.begin() + std::ptrdiff_t(take), order.end(), [&](std::int32_t a, std::int32_t b) {
-    const float ma = mass[std::size_t(a)], mb = mass[std::size_t(b)];
-    return ma != mb ? ma > mb : a > b;
-  });
-  std::vector<char> pinned(mass.size(), 0);
-  for (std::size_t i = 0; i < take; ++i) pinned[std::size_t(order[i])] = 1;
+  const std::size_t n = mass.size(), take = std::min(n, std::size_t(count));
+  std::vector<char> pinned(n, take == n ? 1 : 0);
+  if (take == 0 || take == n) return pinned;
+  std::vector<std::uint32_t> order_bits(n), keys(n), spare(n);
+  for (std::size_t p = 0; p < n; ++p) order_bits[p] = math::float_order_bits(mass[p]);
+  keys = order_bits;
+  const cpu_detail::KthLargestKey kth = cpu_detail::kth_largest_key(keys.data(), spare.data(), n, take);
+  for (std::size_t p = 0; p < n; ++p) pinned[p] = order_bits[p] > kth.key ? 1 : 0;
+  std::size_t left = kth.taken;  // of the positions at the threshold, the newest
+  for (std::size_t p = n; p-- > 0 && left > 0;)
+    if (order_bits[p] == kth.key) {
+      pinned[p] = 1;
+      --left;
+    }
   return pinned;
 }
 
+// The flags of pinned_positions for the `count` positions the `guide` layers' newest query
+// attends to most; empty (nothing pinned) without guide layers, rows or pins.
+inline std::vector<char> newest_query_pinned_positions(const TokenFeatures& f, int count, std::span<const int> guide) {
+  if (guide.empty() || f.size == 0) return {};
+  DC_CHECK(guide.back() < f.model_layers(), "newest-query pins: guide layer ", guide.back(), " named, the model has ",
+           f.model_layers(), " layers");
+  if (count == 0) return {};
+  return pinned_positions(guide_query_mass(f, guide), count);
+}
+
 // Scores +inf every row of f, in every group, whose position is among the `count` positions the
-// `guide` layers' newest query attends to most. No-op without guide layers or pins.
+// `guide` layers' newest query attends to most. No-op without guide layers or pins. (MlpPolicy
+// passes the flags to its scoring loop instead, which reads every row's position anyway.)
 inline void pin_newest_query_positions(const TokenFeatures& f, int count, std::span<const int> guide,
                                        std::span<float> scores) {
   DC_CHECK(scores.size() >= std::size_t(f.size), "newest-query pins: ", scores.size(), " scores for ", f.size, " rows");
-  if (guide.empty() || f.size == 0) return;
-  DC_CHECK(guide.back() < f.model_layers(), "newest-query pins: guide layer ", guide.back(), " named, the model has ",
-           f.model_layers(), " layers");
-  if (count == 0) return;
-  const std::vector<char> pinned = pinned_positions(guide_query_mass(f, guide), count);
+  const std::vector<char> pinned = newest_query_pinned_positions(f, count, guide);
+  if (pinned.empty()) return;
+  const std::int32_t* DC_RESTRICT position = f.position.data();
+  const char* DC_RESTRICT is_pinned = pinned.data();
+  float* DC_RESTRICT out = scores.data();
+  const std::uint32_t positions = std::uint32_t(pinned.size());
+  DC_OMP(parallel for schedule(static) if (f.size > 65536))
   for (int r = 0; r < f.size; ++r) {
-    const std::int32_t p = f.position[std::size_t(r)];  // a row outside [0, latest] is no pin
-    if (p >= 0 && std::size_t(p) < pinned.size() && pinned[std::size_t(p)]) scores[std::size_t(r)] = INFINITY;
+    const std::uint32_t p = std::uint32_t(position[r]);  // a row outside [0, latest] is no pin
+    const bool pin = p < positions && is_pinned[p];
+    out[r] = pin ? INFINITY : out[r];
   }
 }
 

@@ -21,6 +21,8 @@
 
 #include "../core/parse_text.hpp"
 #include "../cpu/parallel.hpp"
+#include "../cpu/radix_select.hpp"
+#include "../math/plackett_luce.hpp"
 #include "../math/budget_schedule.hpp"
 #include "layer_lists.hpp"
 #include "policy_inputs.hpp"
@@ -84,11 +86,68 @@ inline std::vector<SchedulePoint> parse_reserve_schedule(std::string_view text, 
   return points;
 }
 
+namespace detail {
+
+// Scratch a thread reuses from group to group.
+struct ReserveScratch {
+  std::vector<float> mean;                        // by position
+  std::vector<std::uint32_t> row_keys, keys, spare;  // per row of a group
+  std::vector<std::int32_t> tied;
+};
+
+// Raises to +inf the `count` rows of `group` with the largest mass (mean[position]) among those
+// not already +inf, ties to the newer position; every such row if fewer. By threshold, not by
+// ordering rows: the count-th largest mass is found by radix selection on the masses' order bits
+// (cpu/radix_select.hpp), every row above it is raised, and only where some rows equal to it
+// are left out are those ordered, by position. The same rows as sorting them all by (mass,
+// position): with nth_element and a comparator loading both, sorting was most of the reserve's
+// cost (bench_eviction, shape 9). The loops over rows have no data-dependent branch (a raised
+// row is as likely as not: every branch on it was a coin flip for the predictor).
+inline void raise_top_mass_rows(const TokenFeatures& f, const FeatureGroup& group, std::span<const float> mean,
+                                int count, std::span<float> scores, ReserveScratch& s) {
+  const int rows = group.rows();
+  const std::int32_t* DC_RESTRICT position = f.position.data() + group.row_begin;
+  float* DC_RESTRICT score = scores.data() + group.row_begin;
+  const float* DC_RESTRICT by_position = mean.data();
+  s.row_keys.resize(std::size_t(rows));
+  s.keys.resize(std::size_t(rows));
+  s.spare.resize(std::size_t(rows));
+  std::uint32_t* DC_RESTRICT row_key = s.row_keys.data();
+  for (int i = 0; i < rows; ++i) row_key[i] = math::float_order_bits(by_position[position[i]]);  // vectorised
+  std::size_t eligible = 0;  // the keys of rows not yet +inf, packed (apart: one loop would not vectorise)
+  for (int i = 0; i < rows; ++i) {
+    s.keys[eligible] = row_key[i];
+    eligible += score[i] != INFINITY ? 1 : 0;
+  }
+  const std::size_t take = std::min(eligible, std::size_t(count));
+  if (take == 0) return;
+  if (take == eligible) {
+    std::fill(score, score + rows, INFINITY);
+    return;
+  }
+  const cpu_detail::KthLargestKey kth = cpu_detail::kth_largest_key(s.keys.data(), s.spare.data(), eligible, take);
+  const std::uint32_t threshold = kth.key;
+  if (kth.taken == kth.equal) {  // every row at the threshold is in: no order needed (a +inf row stays +inf)
+    for (int i = 0; i < rows; ++i) score[i] = row_key[i] >= threshold ? INFINITY : score[i];
+    return;
+  }
+  s.tied.clear();  // the free rows at the threshold, of which the newest kth.taken are raised
+  for (int i = 0; i < rows; ++i)
+    if (row_key[i] == threshold && score[i] != INFINITY) s.tied.push_back(i);
+  for (int i = 0; i < rows; ++i) score[i] = row_key[i] > threshold ? INFINITY : score[i];
+  std::nth_element(s.tied.begin(), s.tied.begin() + std::ptrdiff_t(kth.taken), s.tied.end(),
+                   [&](std::int32_t a, std::int32_t b) { return position[a] > position[b]; });
+  for (std::size_t i = 0; i < kth.taken; ++i) score[s.tied[i]] = INFINITY;
+}
+
+}  // namespace detail
+
 // In every group of f, the `reserve` rows with the largest layer_last_query_mass among those
-// whose score is finite (rows already scored +inf, a recent window, are kept anyway) score
+// whose score is not +inf (rows already scored +inf, a recent window, are kept anyway) score
 // +inf. Ties go to the newer position, so the choice does not depend on row order or threads.
-// A group with fewer finite rows than `reserve` has all of them raised. With `layers` (sorted
-// layer indices, parse_layer_list) only the groups inside those layers get a reserve.
+// A group with fewer such rows than `reserve` has all of them raised. With `layers` (sorted
+// layer indices, parse_layer_list) only the groups inside those layers get a reserve. Layer by
+// layer: the mass by position is computed once for a layer's KV heads.
 inline void reserve_newest_query_rows(const TokenFeatures& f, int reserve, std::span<float> scores,
                                       std::span<const int> layers = {}) {
   DC_CHECK(reserve >= 0, "newest-query reserve: negative row count ", reserve);
@@ -97,24 +156,23 @@ inline void reserve_newest_query_rows(const TokenFeatures& f, int reserve, std::
   if (reserve == 0 || f.size == 0) return;
   DC_CHECK(layers.empty() || layers.back() < f.model_layers(), "newest-query rows: layer ", layers.back(),
            " named, the model has ", f.model_layers(), " layers");
-  const std::vector<float> mass = layer_last_query_mass(f, layers);  // only the layers it ranks
-  const int groups = f.num_groups();
-  DC_OMP(parallel for schedule(dynamic) if (groups > 1 && f.size > 4096))
-  for (int g = 0; g < groups; ++g) {
-    const FeatureGroup& group = f.groups[std::size_t(g)];
-    if (!group_in_layers(group, layers)) continue;
-    std::vector<std::int32_t> rows;
-    rows.reserve(std::size_t(group.rows()));
-    for (int r = group.row_begin; r < group.row_end; ++r)
-      if (scores[std::size_t(r)] != INFINITY) rows.push_back(r);
-    const auto first_after = [&](std::int32_t a, std::int32_t b) {
-      const float ma = mass[std::size_t(a)], mb = mass[std::size_t(b)];
-      return ma != mb ? ma > mb : f.position[std::size_t(a)] > f.position[std::size_t(b)];
-    };
-    const std::size_t take = std::min(rows.size(), std::size_t(reserve));
-    std::nth_element(rows.begin(), rows.begin() + std::ptrdiff_t(take), rows.end(), first_after);
-    for (std::size_t i = 0; i < take; ++i) scores[std::size_t(rows[i])] = INFINITY;
+  const std::vector<LayerRangeGroups> ranges = layer_range_groups(f, layers);  // only the layers it ranks
+  const int num_ranges = int(ranges.size());
+  int bad = 0;
+  DC_OMP(parallel if (num_ranges > 1 && f.size > 4096))
+  {
+    detail::ReserveScratch scratch;
+    DC_OMP(for schedule(dynamic) reduction(| : bad))
+    for (int r = 0; r < num_ranges; ++r) {
+      if (!layer_mean_newest_query_mass(f, ranges[std::size_t(r)], scratch.mean)) {
+        bad |= 1;
+        continue;
+      }
+      for (int g : ranges[std::size_t(r)].groups)
+        detail::raise_top_mass_rows(f, f.groups[std::size_t(g)], scratch.mean, reserve, scores, scratch);
+    }
   }
+  if (bad) check_layer_range_positions(f, ranges);
 }
 
 // MlpPolicy's newest_query_layers: in the groups inside `layers`, the `budget` rows with the

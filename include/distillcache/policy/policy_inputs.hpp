@@ -63,50 +63,90 @@ inline bool group_in_layers(const FeatureGroup& group, std::span<const int> laye
   return true;
 }
 
-// Per row: the newest observed query's mass at the row's position, averaged over every KV head of
-// the layers its group covers (a head that evicted the position counts 0). At shared and layer
-// granularity a group already covers whole layers, so this is last_query_mass; at head
-// granularity the heads of a layer hold different positions (per-head keep-sets), so rows are
-// matched by position, not slot. With `layers` (sorted; group_in_layers) only the groups inside
-// those layers are computed and the other rows are 0: a rule that reads three layers of thirty
-// does not pay for thirty.
-inline std::vector<float> layer_last_query_mass(const TokenFeatures& f, std::span<const int> layers = {}) {
-  std::vector<float> out(std::size_t(f.size), 0.0f);
-  // The groups of each layer range, and how many KV heads the range has in all.
-  std::vector<std::vector<int>> ranges;
-  std::vector<std::pair<int, int>> range_layers;
+// The groups of f inside `layers` (sorted; group_in_layers), gathered by the layer range they
+// cover (at head granularity a layer's KV heads, one group each), with the KV heads the range
+// has in all.
+struct LayerRangeGroups {
+  int layer_begin = 0, layer_end = 0;
+  int heads = 0;
+  std::vector<int> groups;
+};
+
+inline std::vector<LayerRangeGroups> layer_range_groups(const TokenFeatures& f, std::span<const int> layers) {
+  std::vector<LayerRangeGroups> ranges;
   for (int g = 0; g < f.num_groups(); ++g) {
     const FeatureGroup& grp = f.groups[std::size_t(g)];
     if (!group_in_layers(grp, layers)) continue;
-    for (int r = grp.row_begin; r < grp.row_end; ++r)  // rows are matched by position: it must index [0, latest]
-      DC_CHECK(f.position[std::size_t(r)] >= 0 && f.position[std::size_t(r)] <= f.latest_position,
-               "layer_last_alpha: row ", r, " has position ", f.position[std::size_t(r)], " outside [0, ",
-               f.latest_position, "]");
-    const std::pair<int, int> key{grp.layer_begin, grp.layer_end};
-    const auto at = std::find(range_layers.begin(), range_layers.end(), key);
-    if (at == range_layers.end()) {
-      range_layers.push_back(key);
-      ranges.push_back({g});
-    } else {
-      ranges[std::size_t(at - range_layers.begin())].push_back(g);
+    auto at = std::find_if(ranges.begin(), ranges.end(), [&](const LayerRangeGroups& r) {
+      return r.layer_begin == grp.layer_begin && r.layer_end == grp.layer_end;
+    });
+    if (at == ranges.end()) at = ranges.insert(ranges.end(), LayerRangeGroups{grp.layer_begin, grp.layer_end, 0, {}});
+    at->groups.push_back(g);
+    at->heads += grp.head_end - grp.head_begin;
+  }
+  return ranges;
+}
+
+// By position in [0, latest_position]: the newest observed query's mass averaged over every KV
+// head of `range` (a head that evicted the position counts 0), into `mean` (resized). The one
+// formula behind layer_last_query_mass and the newest-query reserve, so both give the same bits.
+// Rows are matched by position, so each must index [0, latest]: false (and `mean` unfinished)
+// where one does not. It returns a flag rather than throwing because callers run it inside a
+// parallel region; they then name the row with check_layer_range_positions.
+[[nodiscard]] inline bool layer_mean_newest_query_mass(const TokenFeatures& f, const LayerRangeGroups& range,
+                                                       std::vector<float>& mean) {
+  mean.assign(std::size_t(f.latest_position) + 1, 0.0f);
+  const std::uint32_t positions = std::uint32_t(mean.size());
+  float* DC_RESTRICT sum = mean.data();
+  const std::int32_t* DC_RESTRICT position = f.position.data();
+  const float* DC_RESTRICT last_query_mass = f.last_query_mass.data();
+  for (int g : range.groups) {
+    const FeatureGroup& grp = f.groups[std::size_t(g)];
+    const float weight = float(grp.head_end - grp.head_begin);  // last_query_mass is a mean over them
+    for (int row = grp.row_begin; row < grp.row_end; ++row) {
+      const std::uint32_t p = std::uint32_t(position[row]);
+      if (p >= positions) return false;
+      sum[p] += weight * last_query_mass[row];
     }
   }
+  const float heads = float(range.heads > 0 ? range.heads : 1);
+  for (float& m : mean) m /= heads;
+  return true;
+}
+
+// Throws naming the first row of `ranges` whose position lies outside [0, latest_position].
+inline void check_layer_range_positions(const TokenFeatures& f, std::span<const LayerRangeGroups> ranges) {
+  for (const LayerRangeGroups& range : ranges)
+    for (int g : range.groups)
+      for (int r = f.groups[std::size_t(g)].row_begin; r < f.groups[std::size_t(g)].row_end; ++r)
+        DC_CHECK(f.position[std::size_t(r)] >= 0 && f.position[std::size_t(r)] <= f.latest_position,
+                 "layer_last_alpha: row ", r, " has position ", f.position[std::size_t(r)], " outside [0, ",
+                 f.latest_position, "]");
+}
+
+// Per row: the newest observed query's mass at the row's position, averaged over every KV head of
+// the layers its group covers (layer_mean_newest_query_mass). At shared and layer granularity a
+// group already covers whole layers, so this is last_query_mass; at head granularity the heads
+// of a layer hold different positions (per-head keep-sets), so rows are matched by position, not
+// slot. With `layers` (sorted; group_in_layers) only the groups inside those layers are computed
+// and the other rows are 0: a rule that reads three layers of thirty does not pay for thirty.
+inline std::vector<float> layer_last_query_mass(const TokenFeatures& f, std::span<const int> layers = {}) {
+  std::vector<float> out(std::size_t(f.size), 0.0f);
+  const std::vector<LayerRangeGroups> ranges = layer_range_groups(f, layers);
   const int num_ranges = int(ranges.size());
-  DC_OMP(parallel for schedule(dynamic) if (num_ranges > 1 && f.size > 4096))
+  int bad = 0;
+  DC_OMP(parallel for schedule(dynamic) reduction(| : bad) if (num_ranges > 1 && f.size > 4096))
   for (int r = 0; r < num_ranges; ++r) {
-    int heads = 0;
-    for (int g : ranges[std::size_t(r)]) heads += f.groups[std::size_t(g)].head_end - f.groups[std::size_t(g)].head_begin;
-    std::vector<float> sum(std::size_t(f.latest_position) + 1, 0.0f);  // by position
-    for (int g : ranges[std::size_t(r)]) {
-      const FeatureGroup& grp = f.groups[std::size_t(g)];
-      const float weight = float(grp.head_end - grp.head_begin);  // last_query_mass is a mean over them
-      for (int row = grp.row_begin; row < grp.row_end; ++row)
-        sum[std::size_t(f.position[std::size_t(row)])] += weight * f.last_query_mass[std::size_t(row)];
+    std::vector<float> mean;
+    if (!layer_mean_newest_query_mass(f, ranges[std::size_t(r)], mean)) {
+      bad |= 1;
+      continue;
     }
-    for (int g : ranges[std::size_t(r)])
+    for (int g : ranges[std::size_t(r)].groups)
       for (int row = f.groups[std::size_t(g)].row_begin; row < f.groups[std::size_t(g)].row_end; ++row)
-        out[std::size_t(row)] = sum[std::size_t(f.position[std::size_t(row)])] / float(heads > 0 ? heads : 1);
+        out[std::size_t(row)] = mean[std::size_t(f.position[std::size_t(row)])];
   }
+  if (bad) check_layer_range_positions(f, ranges);
   return out;
 }
 
