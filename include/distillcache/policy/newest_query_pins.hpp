@@ -12,13 +12,11 @@
 // of positions for every layer, chosen where the needle stands out (the guide layers), rather
 // than each layer's own ranking (the reserve), where in most layers it does not.
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <span>
 #include <vector>
 
 #include "../cache/features.hpp"
-#include "../cpu/parallel.hpp"
 #include "../cpu/radix_select.hpp"
 #include "../math/plackett_luce.hpp"
 #include "layer_lists.hpp"
@@ -81,26 +79,6 @@ inline std::vector<char> newest_query_pinned_positions(const TokenFeatures& f, i
            f.model_layers(), " layers");
   if (count == 0) return {};
   return pinned_positions(guide_query_mass(f, guide), count);
-}
-
-// Scores +inf every row of f, in every group, whose position is among the `count` positions the
-// `guide` layers' newest query attends to most. No-op without guide layers or pins. (MlpPolicy
-// passes the flags to its scoring loop instead, which reads every row's position anyway.)
-inline void pin_newest_query_positions(const TokenFeatures& f, int count, std::span<const int> guide,
-                                       std::span<float> scores) {
-  DC_CHECK(scores.size() >= std::size_t(f.size), "newest-query pins: ", scores.size(), " scores for ", f.size, " rows");
-  const std::vector<char> pinned = newest_query_pinned_positions(f, count, guide);
-  if (pinned.empty()) return;
-  const std::int32_t* DC_RESTRICT position = f.position.data();
-  const char* DC_RESTRICT is_pinned = pinned.data();
-  float* DC_RESTRICT out = scores.data();
-  const std::uint32_t positions = std::uint32_t(pinned.size());
-  DC_OMP(parallel for schedule(static) if (f.size > 65536))
-  for (int r = 0; r < f.size; ++r) {
-    const std::uint32_t p = std::uint32_t(position[r]);  // a row outside [0, latest] is no pin
-    const bool pin = p < positions && is_pinned[p];
-    out[r] = pin ? INFINITY : out[r];
-  }
 }
 
 }  // namespace dc
