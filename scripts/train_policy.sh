@@ -29,7 +29,10 @@
 # newest query of layers 20-22 attends to most, 0.2 of the budget up to 25 % of the context and
 # 0.1 at 50 % (--newest-query-pins 0.25:0.2,0.5:0.1 --newest-query-pin-layers 20-22), since v9
 # kept single needles in layers 18 and 21 and lost their digits in the layers after them. (The
-# search ran without pins; a search with them, train --newest-query-pins, has not been run.)
+# search ran without pins; a search with them, train --newest-query-pins, has not been run.) These
+# rules per layer are SmolLM2's: on a model of another depth the file leaves them out
+# (--layer-rules-on-other-models drop; mapped by depth onto Gemma 3 they more than doubled H2O's KL
+# at 50 %, "v10 on Gemma").
 # About 14-21 minutes on a 2-core Xeon VM.
 # Deterministic: a rerun writes the same weights.
 #
@@ -53,5 +56,6 @@ build/release/examples/train --model "$model" --out runs/smollm2 \
   --layer-budget-weights 18-20=3 --newest-query-reserve 0.45 --newest-query-reserve-layers 18-20 --newest-query-layers 18,21 \
   --newest-query-reserve-elsewhere 0.25:0,0.5:0.3 "$@"
 build/release/examples/derive --from runs/smollm2/best.dcpolicy --out policies/smollm2-135m-instruct.dcpolicy \
-  --newest-query-layers-up-to 0.375 --newest-query-pins 0.25:0.2,0.5:0.1 --newest-query-pin-layers 20-22
+  --newest-query-layers-up-to 0.375 --newest-query-pins 0.25:0.2,0.5:0.1 --newest-query-pin-layers 20-22 \
+  --layer-rules-on-other-models drop
 echo "train_policy: policies/smollm2-135m-instruct.dcpolicy updated"

@@ -224,13 +224,15 @@ inline void check_writable(const std::string& path, const char* flag) {
 }
 
 // One line on stderr when the policy's rules per layer were written for a model of another depth:
-// say so, since they then apply by relative depth (math/layer_depth.hpp), not as written.
+// say so, since they then apply by relative depth (math/layer_depth.hpp), not as written, or not
+// at all (EvictionPolicy::maps_layer_rules).
 inline void note_layer_rules_depth(const char* program, const dc::EvictionPolicy& policy, int model_layers) {
   const int depth = policy.layer_rules_depth();
   if (depth == 0 || depth == model_layers) return;
-  std::fprintf(stderr, "%s: policy '%s' has rules per layer for a model of %d layers; this model has %d: each "
-               "layer takes the rule of the layer at the same relative depth\n", program, policy.name().c_str(), depth,
-               model_layers);
+  std::fprintf(stderr, "%s: policy '%s' has rules per layer for a model of %d layers; this model has %d: %s\n", program,
+               policy.name().c_str(), depth, model_layers,
+               policy.maps_layer_rules() ? "each layer takes the rule of the layer at the same relative depth"
+                                         : "its file leaves them out on other models (layer_rules_on_other_models drop)");
 }
 
 }  // namespace dc_examples

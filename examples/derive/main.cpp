@@ -20,7 +20,7 @@ int main(int argc, char** argv) {
   using namespace dc_examples;
   CLI::App app{"Writes a copy of a policy file with other forced rules or an input's weight zeroed (distillcache)."};
   std::string from_path, out_path, reserve_arg, reserve_layers_arg, reserve_elsewhere_arg, newest_query_layers_arg,
-      zero_input, layer_weights_arg, pins_arg, pin_layers_arg;
+      zero_input, layer_weights_arg, pins_arg, pin_layers_arg, rules_elsewhere_arg;
   double recent_fraction = -1.0, newest_query_layers_up_to = -1.0;
   int model_layers = 0;
   app.add_option("--from", from_path, "the policy file to start from (.dcpolicy)")->required();
@@ -49,6 +49,8 @@ int main(int argc, char** argv) {
                  "--layer-budget-weights LAYERS=WEIGHT needs it unless the file has weights; without weights it is "
                  "stored with the layer lists, so they apply by relative depth on other models (default: the "
                  "file's own count)")->check(integer_in(1, 1 << 20));
+  app.add_option("--layer-rules-on-other-models", rules_elsewhere_arg, "on a model of another depth, apply the rules "
+                 "per layer by relative depth (map) or leave them out (drop)")->check(CLI::IsMember({"map", "drop"}));
   app.add_option("--zero-input", zero_input, "set this input's weight to 0 (a linear correction only: an ablation)");
   if (const auto status = parse_command_line(app, argc, argv, "derive")) return *status;
 
@@ -118,6 +120,10 @@ int main(int argc, char** argv) {
         policy.set_layer_rules_depth(model_layers > 0 ? model_layers : depth_before);
       note("layer_budget_weights " + layer_weights_arg);
     }
+    if (!rules_elsewhere_arg.empty()) {
+      policy.set_map_layer_rules(dc::MlpPolicy::parse_layer_rules_on_other_models(rules_elsewhere_arg));
+      note("layer_rules_on_other_models " + rules_elsewhere_arg);
+    }
     if (!zero_input.empty()) {
       const dc::PolicyInput input = dc::parse_policy_input(zero_input);
       auto w = dc::linear_correction_weights(policy.layout(), policy.params());
@@ -142,7 +148,7 @@ int main(int argc, char** argv) {
                             "newest_query_reserve_elsewhere", "newest_query_layers", "newest_query_layers_up_to",
                             "newest_query_pins", "newest_query_pin_layers",
                             "layer_budget_weights",
-                            "layer_rules_model_layers"}) {
+                            "layer_rules_model_layers", "layer_rules_on_other_models"}) {
       c.extra.erase(key);
       if (rules.extra.contains(key)) c.extra[key] = rules.extra[key];
     }

@@ -164,6 +164,32 @@ TEST_CASE("a decoder keeps each layer at its budget; equal weights change nothin
     const auto y = same.step(t.ids[std::size_t(s)]);
     CHECK(std::equal(xd.begin(), xd.end(), y.begin()));
   }
+  // Unless the policy leaves its rules per layer out on other models: then every layer keeps the
+  // budget, as without weights. A learned policy that is H2O (a zero linear correction on H2O's
+  // score), with and without weights for 3 layers.
+  const dc::MlpLayout layout(1, {2}, dc::Activation::relu);
+  dc::MlpPolicy learned({dc::PolicyInput::alpha}, layout, dc::linear_correction_params(layout, std::vector<float>{0.0f}), 0);
+  learned.set_score_base(dc::ScoreBase::h2o);
+  dc::MlpPolicy dropping = learned;
+  dropping.set_layer_budget_weights({3.0, 2.0, 1.0});
+  dropping.set_map_layer_rules(false);
+  dc::MlpPolicy mapping = dropping;
+  mapping.set_map_layer_rules(true);
+  dc::EvictingDecoder<dc::cpu> dropped(t.model, dropping, budget, dc::EvictionMode::decode, 16, 8, dc::Granularity::head);
+  dc::EvictingDecoder<dc::cpu> unweighted(t.model, learned, budget, dc::EvictionMode::decode, 16, 8, dc::Granularity::head);
+  dc::EvictingDecoder<dc::cpu> mapped_too(t.model, mapping, budget, dc::EvictionMode::decode, 16, 8, dc::Granularity::head);
+  dropped.prefill(prompt);
+  unweighted.prefill(prompt);
+  mapped_too.prefill(prompt);
+  CHECK(dropped.layer_budgets().empty());
+  CHECK(mapped_too.layer_budgets() == std::vector<int>{12, 4});
+  for (int s = 16; s < 24; ++s) {
+    const auto x = dropped.step(t.ids[std::size_t(s)]);
+    const std::vector<float> xd(x.begin(), x.end());
+    const auto y = unweighted.step(t.ids[std::size_t(s)]);
+    CHECK(std::equal(xd.begin(), xd.end(), y.begin()));
+  }
+  CHECK(dropped.cache().length(0) == unweighted.cache().length(0));
 }
 
 // The nearest source layer by brute force: the one whose centre ((s + 0.5) / S of the depth) is

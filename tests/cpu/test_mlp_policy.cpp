@@ -820,6 +820,48 @@ TEST_CASE("newest-query reserve: each group keeps the rows its layer's newest qu
   CHECK_THROWS_WITH_AS(dc::MlpPolicy::from_checkpoint(bad), doctest::Contains("neither a number nor"), dc::Error);
   bad.extra["newest_query_reserve"] = nlohmann::json::array({nlohmann::json::array({0.5})});
   CHECK_THROWS_WITH_AS(dc::MlpPolicy::from_checkpoint(bad), doctest::Contains("holds [0.5], not a [fraction, share] pair"), dc::Error);
+  {  // Rules per layer written for 4 layers and left out on this 2-layer model, where the file
+    // says so: budget weights, reserve layers with their reserve and one elsewhere, a newest-query
+    // layer, pins. Scored as the policy without them (plain: its window alone); mapped by depth
+    // (the default) they change the scores. A reserve in every layer (no list) is no rule per
+    // layer and stays (policy's scores).
+    dc::MlpPolicy deeper = plain;
+    deeper.set_layer_budget_weights({1.0, 1.0, 3.0, 3.0});
+    deeper.set_newest_query_reserve(0.25);
+    deeper.set_newest_query_reserve_layers({2, 3});
+    deeper.set_newest_query_reserve_elsewhere(schedule);
+    deeper.set_newest_query_layers({3});
+    deeper.set_newest_query_pins({3}, dc::parse_reserve_schedule("0.125"));
+    CHECK(deeper.maps_layer_rules());
+    std::vector<float> mapped(std::size_t(f.size)), dropped(std::size_t(f.size));
+    deeper.score(f, 8, mapped);
+    CHECK(mapped != h2o);
+    deeper.set_map_layer_rules(false);
+    deeper.score(f, 8, dropped);
+    CHECK(dropped == h2o);
+    dc::MlpPolicy everywhere = policy;
+    everywhere.set_layer_rules_depth(4);
+    everywhere.set_newest_query_layers({3});
+    everywhere.set_map_layer_rules(false);
+    everywhere.score(f, 8, dropped);
+    std::vector<float> reserved_everywhere(std::size_t(f.size));
+    policy.score(f, 8, reserved_everywhere);
+    CHECK(dropped == reserved_everywhere);
+    CHECK(dropped != h2o);
+    // The checkpoint says "drop"; a file without the key maps; anything else is named.
+    const auto c = deeper.to_checkpoint();
+    CHECK(c.extra["layer_rules_on_other_models"] == "drop");
+    CHECK_FALSE(dc::MlpPolicy::from_checkpoint(c).maps_layer_rules());
+    CHECK_FALSE(plain.to_checkpoint().extra.contains("layer_rules_on_other_models"));
+    CHECK(dc::MlpPolicy::from_checkpoint(plain.to_checkpoint()).maps_layer_rules());
+    auto bad_rules = c;
+    bad_rules.extra["layer_rules_on_other_models"] = "keep";
+    CHECK_THROWS_WITH_AS(dc::MlpPolicy::from_checkpoint(bad_rules), doctest::Contains("'keep' is neither 'map' nor 'drop'"),
+                         dc::Error);
+    bad_rules.extra["layer_rules_on_other_models"] = 1;
+    CHECK_THROWS_WITH_AS(dc::MlpPolicy::from_checkpoint(bad_rules),
+                         doctest::Contains("'layer_rules_on_other_models' is not a string"), dc::Error);
+  }
 }
 
 TEST_CASE("warm start targets: sums of inputs, H2O's score, and max: floors") {

@@ -367,6 +367,7 @@ if [ -n "$derive_bin" ]; then
   bad "derive: --zero-input it lacks"     derive 1 "has no input depth"  -- --from "$linear_file" --out x.dcpolicy --zero-input depth
   bad "derive: --layer-budget-weights x"  derive 1 "'x' is not a number" -- --from "$linear_file" --out x.dcpolicy --layer-budget-weights 1,x
   bad "derive: layer weights, no layer count" derive 1 "needs the model's layer count" -- --from "$linear_file" --out x.dcpolicy --layer-budget-weights 18-20=1.5
+  bad "derive: --layer-rules-on-other-models keep" derive 2 "keep not in {map,drop}" -- --from "$linear_file" --out x.dcpolicy --layer-rules-on-other-models keep
   bad "derive: --model-layers alone"      derive 1 "give --layer-budget-weights or a layer list" -- --from "$linear_file" --out x.dcpolicy --model-layers 30
   shipped_file=$(realpath "$(dirname "$0")/../../policies/smollm2-135m-instruct.dcpolicy")  # weights for 30 layers
   bad "derive: a layer past the file's model" derive 1 "layer 40 named in rules for a model of 30 layers" -- --from "$shipped_file" --out x.dcpolicy --newest-query-layers 40

@@ -12,7 +12,8 @@
 // the policy shares the budget unevenly among layers (EvictionPolicy::layer_budget_weights, at
 // the layer and head granularities): layer l then keeps B_l slots per head, the B_l adding up to
 // B x (evictable layers) (math/layer_budgets.hpp), fixed at prompt compression for the whole run.
-// Weights written for a model of another depth apply by relative depth (math/layer_depth.hpp).
+// Weights written for a model of another depth apply by relative depth (math/layer_depth.hpp),
+// or not at all where the policy says so (EvictionPolicy::maps_layer_rules).
 //
 // What the budget counts: the slots of each evictable layer (KVCache::evictable). On a model
 // with local sliding-window layers (Gemma 3) those are the global layers; every eviction also
@@ -163,7 +164,9 @@ class EvictingDecoder {
     largest_budget_ = budget_tokens_;
     if (policy_.layer_budget_weights().empty() || granularity_ == Granularity::shared || !policy_.evicts()) return;
     const int layers = cache_.num_layers();
-    // Written for a model of another depth: each layer takes the weight at its relative depth.
+    // Written for a model of another depth: each layer takes the weight at its relative depth,
+    // unless the policy leaves its rules per layer out there.
+    if (int(policy_.layer_budget_weights().size()) != layers && !policy_.maps_layer_rules()) return;
     const std::vector<double> weights = layer_budget_weights_at_depth(policy_.layer_budget_weights(), layers);
     DC_CHECK(selector_ == nullptr, "EvictingDecoder: policy '", policy_.name(), "' shares the budget "
              "unevenly among layers, which sampled keep-sets (the trainer's) do not support yet");

@@ -32,7 +32,10 @@
 // to the model they were written for: layer_rules_depth() is its layer count. On a model of
 // another depth each layer takes the rule of the layer at the same relative depth
 // (math/layer_depth.hpp), so a policy trained on SmolLM2 (30 layers) runs on Gemma 3 (18):
-// the decoder maps the weights, score() the lists.
+// the decoder maps the weights, score() the lists. Or, where the file says so
+// (layer_rules_on_other_models "drop"), the rules per layer are left out on another model: those
+// of SmolLM2's v10 mapped onto Gemma 3 more than doubled H2O's KL at 50 %, the policy without
+// them had the lowest (bench/results/README.md, "v10 on Gemma").
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -41,6 +44,7 @@
 #include <span>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -110,6 +114,11 @@ class MlpPolicy final : public EvictionPolicy {
                "'layer_rules_model_layers' is ", d.dump(), ", not a layer count");
       policy.set_layer_rules_depth(d.get<int>());
     }
+    if (c.extra.contains("layer_rules_on_other_models")) {
+      const auto& m = c.extra["layer_rules_on_other_models"];
+      DC_CHECK(m.is_string(), "policy checkpoint: 'layer_rules_on_other_models' is not a string");
+      policy.set_map_layer_rules(parse_layer_rules_on_other_models(m.get<std::string>()));
+    }
     if (c.extra.contains("layer_budget_weights")) {
       const auto& w = c.extra["layer_budget_weights"];
       DC_CHECK(w.is_array() && !w.empty(), "policy checkpoint: 'layer_budget_weights' is not a non-empty array");
@@ -174,6 +183,7 @@ class MlpPolicy final : public EvictionPolicy {
       c.extra["newest_query_pin_layers"] = pin_layers_;
     }
     if (score_base_ != ScoreBase::none) c.extra["score_base"] = score_base_name(score_base_);
+    if (!map_layer_rules_) c.extra["layer_rules_on_other_models"] = layer_rules_on_other_models_name(false);
     if (!layer_weights_.empty()) c.extra["layer_budget_weights"] = layer_weights_;
     // The weights' count is the depth; without weights the lists need it said (written only
     // then, so a file with weights reads as before).
@@ -206,6 +216,18 @@ class MlpPolicy final : public EvictionPolicy {
              layers, " layers, but ", layer_weights_.size(), " layer budget weights");
     layer_rules_depth_ = layers;
     check_layer_lists();
+  }
+
+  // On a model of another depth: the rules per layer by relative depth (true, the default) or
+  // left out (EvictionPolicy::maps_layer_rules).
+  bool maps_layer_rules() const override { return map_layer_rules_; }
+  void set_map_layer_rules(bool map) { map_layer_rules_ = map; }
+  // The checkpoint's and derive's names for the two: "map" and "drop".
+  static const char* layer_rules_on_other_models_name(bool map) { return map ? "map" : "drop"; }
+  static bool parse_layer_rules_on_other_models(std::string_view name) {
+    if (name == "map") return true;
+    if (name == "drop") return false;
+    DC_FAIL("layer rules on other models: '", std::string(name), "' is neither 'map' nor 'drop'");
   }
 
   double recent_fraction() const { return recent_fraction_; }
@@ -374,6 +396,11 @@ class MlpPolicy final : public EvictionPolicy {
     const bool same_depth = depth == 0 || depth == model_layers;
     const int tokens = f.latest_position + 1;
     const bool newest_query_layers_on = tokens > 0 && budget_fraction(budget, tokens) <= newest_query_layers_up_to_;
+    if (!same_depth && !map_layer_rules_) {  // rules per layer left out: the window, a reserve in every layer
+      mlp_policy_scores(f, inputs_, budget, layout_, params_.data(), scores, recent_tokens(budget), score_base_);
+      if (reserve_layers_.empty()) reserve_newest_query_rows(f, reserve_tokens(budget, tokens), scores);
+      return;
+    }
     // Pins first (with the recent window: the scoring loop sets both +inf and skips tiles of
     // forced rows alone), so the reserves then choose among the rows still free. On another
     // model the lists apply at the same depth; no guide layer there means no pins.
@@ -516,6 +543,7 @@ class MlpPolicy final : public EvictionPolicy {
   ScoreBase score_base_ = ScoreBase::none;
   std::vector<double> layer_weights_;
   int layer_rules_depth_ = 0;  // set_layer_rules_depth; the weights' count takes precedence
+  bool map_layer_rules_ = true;
   std::string name_;
 };
 

@@ -57,6 +57,10 @@ class EvictionPolicy {
   // lists) were written for; 0 where it has none. On a model of another depth they apply by
   // relative depth (math/layer_depth.hpp; the decoder maps the weights).
   virtual int layer_rules_depth() const { return int(layer_budget_weights().size()); }
+  // Whether the rules per layer apply on a model of another depth (by relative depth: true, the
+  // default) or are left out there (false: the policy runs as if it had none; the decoder then
+  // keeps the budget in every layer).
+  virtual bool maps_layer_rules() const { return true; }
   // The policy's scores at the head granularity as a ScoreRule for a budget of `budget`, where
   // they are one; nullopt (the default) where not. It must give exactly score()'s scores: the
   // decoder then evicts without forming features (decode/in_place_eviction.hpp).
