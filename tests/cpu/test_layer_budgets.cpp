@@ -281,6 +281,11 @@ TEST_CASE("the learned policy keeps its layer weights in the checkpoint and reje
   const auto h2o = dc::make_policy("h2o+layers=" + (dir / "p.dcpolicy").string(), 1, "");
   REQUIRE(h2o->layer_budget_weights().size() == 2);
   CHECK(h2o->layer_budget_weights()[1] == 1.5);
+  CHECK(h2o->maps_layer_rules());
+  // With the file's choice for other models: a file that drops its rules there drops the borrowed weights too.
+  p.set_map_layer_rules(false);
+  dc::save_policy_checkpoint(dir / "drop.dcpolicy", p.to_checkpoint());
+  CHECK_FALSE(dc::make_policy("h2o+layers=" + (dir / "drop.dcpolicy").string(), 1, "")->maps_layer_rules());
   CHECK_THROWS_WITH_AS(dc::make_policy("h2o+layers=", 1, ""), doctest::Contains("no file given"), dc::Error);
 }
 

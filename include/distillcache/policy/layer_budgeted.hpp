@@ -16,8 +16,12 @@ namespace dc {
 
 class LayerBudgetedPolicy final : public EvictionPolicy {
  public:
-  LayerBudgetedPolicy(std::unique_ptr<EvictionPolicy> inner, std::vector<double> weights, std::string name)
-      : inner_(std::move(inner)), weights_(std::move(weights)), name_(std::move(name)) {
+  // map_layer_rules: whether the weights apply by relative depth on a model of another depth
+  // (EvictionPolicy::maps_layer_rules), as the policy they come from says.
+  LayerBudgetedPolicy(std::unique_ptr<EvictionPolicy> inner, std::vector<double> weights, std::string name,
+                      bool map_layer_rules = true)
+      : inner_(std::move(inner)), weights_(std::move(weights)), name_(std::move(name)),
+        map_layer_rules_(map_layer_rules) {
     DC_CHECK(inner_ != nullptr, "layer-budgeted policy '", name_, "': no policy to wrap");
     DC_CHECK(!weights_.empty(), "layer-budgeted policy '", name_, "': no layer budget weights");
     check_layer_budget_weights(weights_, "layer-budgeted policy");
@@ -29,6 +33,7 @@ class LayerBudgetedPolicy final : public EvictionPolicy {
   QueryStatisticsSpec query_statistics() const override { return inner_->query_statistics(); }
   Granularity finest_granularity() const override { return inner_->finest_granularity(); }
   std::span<const double> layer_budget_weights() const override { return weights_; }
+  bool maps_layer_rules() const override { return map_layer_rules_; }
 
  protected:
   // Through the inner policy's public score(), which checks the features a second time: this
@@ -41,6 +46,7 @@ class LayerBudgetedPolicy final : public EvictionPolicy {
   std::unique_ptr<EvictionPolicy> inner_;
   std::vector<double> weights_;
   std::string name_;
+  bool map_layer_rules_;
 };
 
 }  // namespace dc

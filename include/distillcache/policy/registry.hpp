@@ -36,7 +36,8 @@ inline std::unique_ptr<EvictionPolicy> make_policy(const std::string& spec, std:
     const auto weights = source.layer_budget_weights();
     DC_CHECK(!weights.empty(), "policy '", spec, "': '", path, "' holds no layer budget weights");
     return std::make_unique<LayerBudgetedPolicy>(make_policy(spec.substr(0, plus), seed, shipped),
-                                                 std::vector<double>(weights.begin(), weights.end()), spec);
+                                                 std::vector<double>(weights.begin(), weights.end()), spec,
+                                                 source.maps_layer_rules());
   }
   const std::string prefix = std::string(kLearnedPolicyName) + "=";
   if (spec == kLearnedPolicyName || spec.rfind(prefix, 0) == 0) {
