@@ -571,6 +571,11 @@ std::vector<BadInput> bad_inputs(const dc_test::TempDir& tmp) {
     c.extra["layer_rules_model_layers"] = -2;
     (void)dc::MlpPolicy::from_checkpoint(c);
   }, "policy checkpoint: 'layer_rules_model_layers' is -2, not a layer count");
+  add("MlpPolicy::from_checkpoint", "an unknown choice for other models", [&] {
+    auto c = dc::MlpPolicy::initialised(dc::paper_policy_inputs(), {4}, 1).to_checkpoint();
+    c.extra["layer_rules_on_other_models"] = "scale";
+    (void)dc::MlpPolicy::from_checkpoint(c);
+  }, "layer rules on other models: 'scale' is neither 'map' nor 'drop'");
   add("MlpPolicy::from_checkpoint", "unknown score base", [&] {
     auto c = dc::MlpPolicy::initialised(dc::paper_policy_inputs(), {4}, 1).to_checkpoint();
     c.extra["score_base"] = "snapkv";
