@@ -148,6 +148,15 @@ TEST_CASE("a decoder keeps each layer at its budget; equal weights change nothin
   shared.prefill(prompt);
   CHECK(shared.layer_budgets().empty());
   CHECK(shared.cache().length(0) == 8);
+  // Both decoders step through the same tokens with the same logits, bit for bit.
+  auto same_logits = [&](dc::EvictingDecoder<dc::cpu>& a, dc::EvictingDecoder<dc::cpu>& b) {
+    for (int s = 16; s < 24; ++s) {
+      const auto x = a.step(t.ids[std::size_t(s)]);
+      const std::vector<float> xd(x.begin(), x.end());
+      const auto y = b.step(t.ids[std::size_t(s)]);
+      CHECK(std::equal(xd.begin(), xd.end(), y.begin()));
+    }
+  };
   // Weights written for a 3-layer model apply by relative depth: of 3 layers the 2-layer model's
   // first takes the first and its last the last (math/layer_depth.hpp), so {3, 2, 1} keeps what
   // {3, 1} keeps, bit for bit.
@@ -158,12 +167,7 @@ TEST_CASE("a decoder keeps each layer at its budget; equal weights change nothin
   deeper.prefill(prompt);
   same.prefill(prompt);
   CHECK(deeper.layer_budgets() == std::vector<int>{12, 4});
-  for (int s = 16; s < 24; ++s) {
-    const auto x = deeper.step(t.ids[std::size_t(s)]);
-    const std::vector<float> xd(x.begin(), x.end());
-    const auto y = same.step(t.ids[std::size_t(s)]);
-    CHECK(std::equal(xd.begin(), xd.end(), y.begin()));
-  }
+  same_logits(deeper, same);
   // Unless the policy leaves its rules per layer out on other models: then every layer keeps the
   // budget, as without weights. A learned policy that is H2O (a zero linear correction on H2O's
   // score), with and without weights for 3 layers.
@@ -183,12 +187,7 @@ TEST_CASE("a decoder keeps each layer at its budget; equal weights change nothin
   mapped_too.prefill(prompt);
   CHECK(dropped.layer_budgets().empty());
   CHECK(mapped_too.layer_budgets() == std::vector<int>{12, 4});
-  for (int s = 16; s < 24; ++s) {
-    const auto x = dropped.step(t.ids[std::size_t(s)]);
-    const std::vector<float> xd(x.begin(), x.end());
-    const auto y = unweighted.step(t.ids[std::size_t(s)]);
-    CHECK(std::equal(xd.begin(), xd.end(), y.begin()));
-  }
+  same_logits(dropped, unweighted);
   CHECK(dropped.cache().length(0) == unweighted.cache().length(0));
 }
 
