@@ -120,15 +120,29 @@ dc::EvictionPolicy& chosen_policy(long arg, dc::H2OPolicy& h2o) {
   return arg ? static_cast<dc::EvictionPolicy&>(learned_policy(arg)) : h2o;
 }
 
-// The top-B keep-sets of f, with the policy's budgets per layer when it has them
-// (math/layer_budgets.hpp), capped at the `slots` each layer holds, as the decoder fixes them.
+// The slots each layer keeps for `policy` at a budget of B rows per group: its budget weights
+// allocated as the decoder allocates them (math/layer_budgets.hpp), no layer above `cap` slots;
+// empty when every layer keeps B.
+std::vector<int> policy_layer_budgets(const dc::EvictionPolicy& policy, int budget, int cap, int layers) {
+  const auto weights = dc::layer_budget_weights_at_depth(policy.layer_budget_weights(), layers);
+  if (weights.empty()) return {};
+  const std::vector<char> evictable(std::size_t(layers), 1);
+  return dc::allocate_layer_budgets(weights, evictable, budget, cap);
+}
+
+// The top-B keep-sets of f, or the top-B_l of every group of layer l where budgets (one per
+// layer) are given.
+dc::KeepSets select_for(std::span<const float> scores, const dc::TokenFeatures& f, int budget,
+                        std::span<const int> budgets) {
+  if (budgets.empty()) return dc::select_keep_groups(scores, f, budget);
+  return dc::select_keep_groups(scores, f, budgets, 0, 0);
+}
+
+// The top-B keep-sets of f, with the policy's budgets per layer when it has them, capped at the
+// `slots` each layer holds.
 dc::KeepSets select_for(const dc::EvictionPolicy& policy, std::span<const float> scores, const dc::TokenFeatures& f,
                         int budget, int slots, int layers) {
-  const auto weights = dc::layer_budget_weights_at_depth(policy.layer_budget_weights(), layers);
-  if (weights.empty()) return dc::select_keep_groups(scores, f, budget);
-  const std::vector<char> evictable(std::size_t(layers), 1);
-  const std::vector<int> budgets = dc::allocate_layer_budgets(weights, evictable, budget, slots);
-  return dc::select_keep_groups(scores, f, std::span<const int>(budgets), 0, 0);
+  return select_for(scores, f, budget, policy_layer_budgets(policy, budget, slots, layers));
 }
 
 // One eviction of a context down to 25 %: features, scores, top-B, compaction. Arg 1: the
@@ -166,13 +180,25 @@ void evict_once(benchmark::State& state) {
 // learned MLP's shapes of learned_policy); arg 2: the chunk
 // (examples/eval --chunk; by default B / 64, at least 16: 32 at B = 2048); arg 3: the cache's
 // K/V storage (0 fp32, 1 bf16: half the bytes the compaction moves); arg 4: the context N the
-// rows come from. 0: the B + chunk rows are positions 0 to B + chunk - 1, so the budget is
-// nearly the whole context, and a policy whose rules follow the budget fraction (v9/v10's
-// schedules) runs those of a fraction near 1. N: as a decoder at B / N of an N-token prompt
-// holds them (examples/eval's decode mode): an N-token cache compressed once, by H2O's score
-// with the newest chunk kept, to B + chunk rows per KV head, positions spread over [0, N).
-dc::KVCache<dc::cpu> decode_chunk_cache(dc::Transformer<dc::cpu, float>& model, int rows, int chunk, int context,
-                                        dc::DType kv_type) {
+// rows come from; arg 5: how they were chosen (with N > 0).
+//   N = 0: the B + chunk rows are positions 0 to B + chunk - 1, so the budget is nearly the
+//     whole context, and a policy whose rules follow the budget fraction (v9/v10's schedules)
+//     runs those of a fraction near 1.
+//   layout 0: an N-token cache compressed once, by H2O's accumulated mass alone with the newest
+//     chunk kept, to B + chunk rows per KV head, positions spread over [0, N). The same rows for
+//     every policy, but not what any decoder holds: H2O and the learned policy both keep the
+//     newest half of their budget, of which these rows hold few (on SmolLM2 at B = 512 of 2048,
+//     87 of 528 per group), and no budgets per layer.
+//   layout 1: what a decoder running the measured policy holds when a decode-time eviction is
+//     due (EvictingDecoder in decode mode at B / N): the first N - chunk tokens compressed by the
+//     policy itself (its scores and its budgets per layer, fixed at that compression), then
+//     `chunk` tokens appended (their K/V and statistics as fill_cache left them); the eviction
+//     takes every layer back to its budget.
+dc::KVCache<dc::cpu> decode_chunk_cache(dc::Transformer<dc::cpu, float>& model, dc::EvictionPolicy& policy,
+                                        int budget, int chunk, int context, int layout, dc::DType kv_type,
+                                        std::vector<int>& layer_budgets) {
+  const int rows = budget + chunk, layers = model.config().num_layers;
+  layer_budgets = policy_layer_budgets(policy, budget, rows, layers);
   if (context == 0) {
     auto cache = model.make_cache(rows, kv_type);
     dc_bench::fill_cache(cache, rows);
@@ -180,23 +206,36 @@ dc::KVCache<dc::cpu> decode_chunk_cache(dc::Transformer<dc::cpu, float>& model, 
   }
   auto cache = model.make_cache(context, kv_type);
   dc_bench::fill_cache(cache, context);
+  if (layout == 0) {
+    const dc::TokenFeatures f = dc::gather_features(model.context(), cache, dc::Granularity::head);
+    std::vector<float> scores(f.accumulated_mass);
+    for (int r = 0; r < f.size; ++r)
+      if (f.position[std::size_t(r)] > f.latest_position - chunk) scores[std::size_t(r)] = INFINITY;
+    dc::compact_groups(model.context(), cache, f, dc::select_keep_groups(scores, f, rows));
+    return cache;
+  }
+  const int prompt = context - chunk;
+  DC_CHECK(prompt > budget, "evict_decode_chunk: a prompt of ", prompt, " tokens does not exceed B = ", budget);
+  cache.truncate(prompt);
+  layer_budgets = policy_layer_budgets(policy, budget, prompt, layers);
   const dc::TokenFeatures f = dc::gather_features(model.context(), cache, dc::Granularity::head);
-  std::vector<float> scores(f.accumulated_mass);
-  for (int r = 0; r < f.size; ++r)
-    if (f.position[std::size_t(r)] > f.latest_position - chunk) scores[std::size_t(r)] = INFINITY;
-  dc::compact_groups(model.context(), cache, f, dc::select_keep_groups(scores, f, rows));
+  std::vector<float> scores(std::size_t(f.size), 0.0f);
+  policy.score(f, budget, scores);
+  dc::compact_groups(model.context(), cache, f, select_for(scores, f, budget, layer_budgets));
+  cache.append(model.context(), chunk);
   return cache;
 }
 
 void evict_decode_chunk(benchmark::State& state) {
-  const int budget = int(state.range(0)), chunk = int(state.range(2)), rows = budget + chunk;
+  const int budget = int(state.range(0)), chunk = int(state.range(2));
   const dc::DType kv_type = state.range(3) ? dc::DType::bf16 : dc::DType::f32;
-  const int context = int(state.range(4));
+  const int context = int(state.range(4)), layout = int(state.range(5));
   auto& model = dc_bench::smollm2_model(1);
-  const auto full = decode_chunk_cache(model, rows, chunk, context, kv_type);
-  auto cache = model.make_cache(full.capacity(), kv_type);
   dc::H2OPolicy h2o;
   dc::EvictionPolicy& policy = chosen_policy(long(state.range(1)), h2o);
+  std::vector<int> layer_budgets;
+  const auto full = decode_chunk_cache(model, policy, budget, chunk, context, layout, kv_type, layer_budgets);
+  auto cache = model.make_cache(full.capacity(), kv_type);
   std::vector<float> scores;
   // Wall time of each phase, summed over the iterations: which one an optimisation must target.
   double gather_s = 0, score_s = 0, select_s = 0, compact_s = 0;
@@ -215,7 +254,7 @@ void evict_decode_chunk(benchmark::State& state) {
     policy.score(f, budget, scores);
     score_s += seconds_since(t);
     t = clock::now();
-    const dc::KeepSets keep = select_for(policy, scores, f, budget, rows, model.config().num_layers);
+    const dc::KeepSets keep = select_for(scores, f, budget, layer_budgets);
     select_s += seconds_since(t);
     t = clock::now();
     dc::compact_groups(model.context(), cache, f, keep);
@@ -228,6 +267,7 @@ void evict_decode_chunk(benchmark::State& state) {
   state.counters["score_us"] = score_s * per_eviction_us;
   state.counters["select_us"] = select_s * per_eviction_us;
   state.counters["compact_us"] = compact_s * per_eviction_us;
+  state.counters["rows"] = f.size;  // rows scored per eviction, summed over the groups
 }
 
 // Scoring alone (the policy's share of an eviction) on the features of a filled cache at head
@@ -294,14 +334,15 @@ BENCHMARK(evict_once)
     ->Args({8191, 2, 10})
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(evict_decode_chunk)
-    ->ArgsProduct({{512, 2048}, {0, 1, 2, 3}, {16}, {0}, {0}})
-    ->ArgsProduct({{2048}, {0, 2, 4, 5, 6, 7, 8, 9, 10}, {16, 32}, {1}, {0}})
-    ->ArgsProduct({{512, 2048}, {7, 8, 9, 10}, {16}, {0}, {0}})
-    ->Args({2048, 0, 32, 0, 0})
-    ->Args({2048, 2, 32, 0, 0})
-    // As in a decode at 25 % (B = 512 of 2048, 2048 of 8192) and at 50 % (2048 of 4096).
-    ->ArgsProduct({{512}, {0, 8, 9, 10}, {16}, {0}, {2048}})
-    ->ArgsProduct({{2048}, {0, 8, 9, 10}, {32}, {0}, {4096, 8192}})
+    ->ArgsProduct({{512, 2048}, {0, 1, 2, 3}, {16}, {0}, {0}, {0}})
+    ->ArgsProduct({{2048}, {0, 2, 4, 5, 6, 7, 8, 9, 10}, {16, 32}, {1}, {0}, {0}})
+    ->ArgsProduct({{512, 2048}, {7, 8, 9, 10}, {16}, {0}, {0}, {0}})
+    ->Args({2048, 0, 32, 0, 0, 0})
+    ->Args({2048, 2, 32, 0, 0, 0})
+    // As in a decode at 25 % (B = 512 of 2048, 2048 of 8192) and at 50 % (2048 of 4096), in the
+    // rows H2O's mass alone keeps (layout 0) and in the measured policy's own (layout 1).
+    ->ArgsProduct({{512}, {0, 8, 9, 10}, {16}, {0}, {2048}, {0, 1}})
+    ->ArgsProduct({{2048}, {0, 8, 9, 10}, {32}, {0}, {4096, 8192}, {0, 1}})
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(score_only)->ArgsProduct({{1024, 8191}, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10}})->Unit(benchmark::kMicrosecond);
 BENCHMARK(decode_budget_vs_full)

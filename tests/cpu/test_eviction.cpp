@@ -315,7 +315,7 @@ TEST_CASE("select_keep equals a full sort, on both of its paths (few dropped: on
   };
   int checked = 0;
   for (int n : {1, 2, 17, 64, 200, 2064})
-    for (int trial = 0; trial < 4; ++trial) {
+    for (int trial = 0; trial < 6; ++trial) {
       std::vector<float> scores(static_cast<std::size_t>(n));
       std::vector<std::int32_t> pos(static_cast<std::size_t>(n));
       std::iota(pos.begin(), pos.end(), 100);
@@ -323,6 +323,10 @@ TEST_CASE("select_keep equals a full sort, on both of its paths (few dropped: on
       for (auto& x : scores) {  // trial 3: a third of them infinite (H2O's recent rows, masked rows)
         x = float(next(4));
         if (trial == 3 && next(3) == 0) x = next(2) ? INFINITY : -INFINITY;
+        // trial 4: nine in ten +inf (the learned policy's forced rows), so the one-pass path
+        // seeds its heap past them; trial 5: at most 2 below +inf, fewer than it drops
+        if (trial == 4 && next(10) != 0) x = INFINITY;
+        if (trial == 5) x = next(n) < 2 ? x : INFINITY;
       }
       const int sink = trial == 2 ? std::min(2, n) : 0, recent = trial == 2 ? std::min(3, n - sink) : 0;
       for (int drop : {1, 2, 3, n / 16, n / 16 + 1, n / 2, n}) {

@@ -58,15 +58,19 @@ inline void add_score_base(ScoreBase base, const float* DC_RESTRICT accumulated_
 // flagged position score +inf like the recent window's. Here rather than in a pass of their own
 // because this loop reads every row's position anyway; that pass over 737k rows (SmolLM2 at 8k,
 // head granularity) was most of the pins' cost.
+// unscored: empty, or a flag per group: a flagged group's rows score 0 without the MLP, for a
+// caller that rescores the whole group afterwards (MlpPolicy's newest-query layers).
 inline void mlp_policy_scores(const TokenFeatures& f, std::span<const PolicyInput> inputs, int budget,
                               const MlpLayout& layout, const float* params, std::span<float> scores,
                               int recent = 0, ScoreBase base = ScoreBase::none,
-                              std::span<const char> pinned = {}) {
+                              std::span<const char> pinned = {}, std::span<const char> unscored = {}) {
   DC_CHECK(layout.inputs == int(inputs.size()), "mlp_policy_scores: the MLP takes ", layout.inputs,
            " inputs, ", inputs.size(), " asked for");
   DC_CHECK(scores.size() >= std::size_t(f.size), "mlp_policy_scores: ", scores.size(),
            " scores for ", f.size, " rows");
   DC_CHECK(recent >= 0, "mlp_policy_scores: negative recent window ", recent);
+  DC_CHECK(unscored.empty() || unscored.size() == f.groups.size(), "mlp_policy_scores: ", unscored.size(),
+           " group flags for ", f.groups.size(), " groups");
   const std::vector<float> layer_last = prepare_policy_inputs(f, inputs, budget);
   constexpr int T = cpu_detail::kMlpTile;
   const int groups = f.num_groups(), layers = policy_input_layers(f);
@@ -102,6 +106,10 @@ inline void mlp_policy_scores(const TokenFeatures& f, std::span<const PolicyInpu
       const FeatureGroup& group = f.groups[std::size_t(g)];
       const int row0 = group.row_begin + int(t - first_tile[std::size_t(g)]) * T;
       const int rows = std::min(T, group.row_end - row0);
+      if (!unscored.empty() && unscored[std::size_t(g)]) {
+        std::fill(scores.data() + row0, scores.data() + row0 + rows, 0.0f);
+        continue;
+      }
       const std::int32_t* position = f.position.data() + row0;
       std::int32_t forced[T];  // rows of the tile in the recent window or pinned (loops without branches)
       for (int r = 0; r < rows; ++r) forced[r] = position[r] > newest_unforced ? 1 : 0;

@@ -147,16 +147,24 @@ inline void raise_top_mass_rows(const TokenFeatures& f, const FeatureGroup& grou
 // +inf. Ties go to the newer position, so the choice does not depend on row order or threads.
 // A group with fewer such rows than `reserve` has all of them raised. With `layers` (sorted
 // layer indices, parse_layer_list) only the groups inside those layers get a reserve. Layer by
-// layer: the mass by position is computed once for a layer's KV heads.
+// layer: the mass by position is computed once for a layer's KV heads. skipped: empty, or a
+// flag per group; flagged groups are left as they are (MlpPolicy's newest-query layers, which it
+// rescores whole afterwards), and a layer whose groups are all flagged is not looked at.
 inline void reserve_newest_query_rows(const TokenFeatures& f, int reserve, std::span<float> scores,
-                                      std::span<const int> layers = {}) {
+                                      std::span<const int> layers = {}, std::span<const char> skipped = {}) {
   DC_CHECK(reserve >= 0, "newest-query reserve: negative row count ", reserve);
   DC_CHECK(scores.size() >= std::size_t(f.size), "newest-query reserve: ", scores.size(), " scores for ",
            f.size, " rows");
   if (reserve == 0 || f.size == 0) return;
   DC_CHECK(layers.empty() || layers.back() < f.model_layers(), "newest-query rows: layer ", layers.back(),
            " named, the model has ", f.model_layers(), " layers");
-  const std::vector<LayerRangeGroups> ranges = layer_range_groups(f, layers);  // only the layers it ranks
+  DC_CHECK(skipped.empty() || skipped.size() == f.groups.size(), "newest-query reserve: ", skipped.size(),
+           " group flags for ", f.groups.size(), " groups");
+  std::vector<LayerRangeGroups> ranges = layer_range_groups(f, layers);  // only the layers it ranks
+  if (!skipped.empty())
+    std::erase_if(ranges, [&](const LayerRangeGroups& r) {
+      return std::all_of(r.groups.begin(), r.groups.end(), [&](int g) { return skipped[std::size_t(g)] != 0; });
+    });
   const int num_ranges = int(ranges.size());
   int bad = 0;
   DC_OMP(parallel if (num_ranges > 1 && f.size > 4096))
@@ -169,7 +177,8 @@ inline void reserve_newest_query_rows(const TokenFeatures& f, int reserve, std::
         continue;
       }
       for (int g : ranges[std::size_t(r)].groups)
-        detail::raise_top_mass_rows(f, f.groups[std::size_t(g)], scratch.mean, reserve, scores, scratch);
+        if (skipped.empty() || !skipped[std::size_t(g)])
+          detail::raise_top_mass_rows(f, f.groups[std::size_t(g)], scratch.mean, reserve, scores, scratch);
     }
   }
   if (bad) check_layer_range_positions(f, ranges);
