@@ -23,13 +23,14 @@
 # none up to 25 %: v8, "v8 shipped"); the search finds w under those rules. Last, examples/derive
 # limits the newest-query layers to budgets up to 37.5 % of the context
 # (--newest-query-layers-up-to 0.375): at 50 % layer 21's rule cost text KL and no needle, so
-# there the shipped file has v8's rules. (The search still ran with layer 21's rule at 50 %; a
-# search under the limit, train --newest-query-layers-up-to, has not been run.) The same derive
+# there the shipped file has v8's rules. (The search still ran with layer 21's rule at 50 %.) The same derive
 # adds pins (v10, "v10 shipped" in bench/results/README.md): in every layer, the positions that the
 # newest query of layers 20-22 attends to most, 0.2 of the budget up to 25 % of the context and
 # 0.1 at 50 % (--newest-query-pins 0.25:0.2,0.5:0.1 --newest-query-pin-layers 20-22), since v9
 # kept single needles in layers 18 and 21 and lost their digits in the layers after them. (The
-# search ran without pins; a search with them, train --newest-query-pins, has not been run.) These
+# search ran without pins; one under the pins and the limit, train --newest-query-pins and
+# --newest-query-layers-up-to, found other weights and no better Vim KL: bench/results/
+# README.md, "A search under v10's pins and its 37.5 % limit".) These
 # rules per layer are SmolLM2's: on a model of another depth the file leaves them out
 # (--layer-rules-on-other-models drop; mapped by depth onto Gemma 3 they more than doubled H2O's KL
 # at 50 %, "v10 on Gemma").
