@@ -983,6 +983,62 @@ TEST_CASE("inference scores (inputs built into tiles) give the trainer's inputs-
         CHECK(std::memcmp(windowed.data(), got.data(), windowed.size() * sizeof(float)) == 0);
       }
     }
+  {  // Scattered open rows (what the reserves leave: gathered tiles) and runs of them (read in
+     // place) get the bits the MLP gives them among all rows, with the H2O base too; +inf rows
+     // stay +inf.
+    const dc::MlpLayout L(int(all.size()), {32, 32}, dc::Activation::silu);
+    const auto p = random_params(L, 29);
+    for (dc::ScoreBase base : {dc::ScoreBase::none, dc::ScoreBase::h2o}) {
+      std::vector<float> expected(std::size_t(f.size)), got(std::size_t(f.size));
+      dc::mlp_policy_scores(f, all, 700, L, p.data(), expected, 0, base);
+      std::mt19937 pick(31);
+      for (int r = 0; r < f.size; ++r) {
+        const bool in_run = (r / 40) % 3 == 0;  // runs of open rows, then scattered ones
+        got[std::size_t(r)] = in_run || pick() % 3 == 0 ? 0.0f : INFINITY;
+      }
+      const std::vector<float> closed = got;
+      dc::mlp_score_open_rows(f, all, 700, L, p.data(), got, base);
+      int open = 0;
+      for (int r = 0; r < f.size; ++r) {
+        CAPTURE(r);
+        if (closed[std::size_t(r)] == INFINITY) {
+          CHECK(got[std::size_t(r)] == INFINITY);
+          continue;
+        }
+        ++open;
+        CHECK(std::memcmp(&got[std::size_t(r)], &expected[std::size_t(r)], sizeof(float)) == 0);
+      }
+      CHECK(open > 0);
+      CHECK(open < f.size);
+    }
+  }
+  {  // Layer by layer (rules_then_mlp.hpp) gives the bits of the steps one after the other: the
+     // window, pins, a reserve in each layer (two reserves), a group left unscored, 1 and 2 threads.
+    const dc::MlpLayout L(int(all.size()), {16}, dc::Activation::relu);
+    const auto p = random_params(L, 37);
+    std::vector<char> pinned(6000, 0);
+    std::mt19937 pick(41);
+    for (char& c : pinned) c = pick() % 9 == 0 ? 1 : 0;
+    const std::vector<int> layer0 = {0}, layer1 = {1};
+    const std::vector<dc::NewestQueryReserve> reserves = {{layer0, 40}, {layer1, 7}};
+    for (const std::vector<char>& unscored : {std::vector<char>(), std::vector<char>{0, 0, 0, 0, 1, 0}}) {
+      std::vector<float> expected(std::size_t(f.size));
+      dc::mark_forced_rows(f, 900, pinned, unscored, expected);
+      dc::reserve_newest_query_rows(f, reserves, expected, unscored);
+      dc::mlp_score_open_rows(f, all, 700, L, p.data(), expected, dc::ScoreBase::h2o, unscored);
+      for (int threads : {1, 2}) {
+        const std::vector<float> got = dc_test::with_threads(threads, [&] {
+          std::vector<float> s(std::size_t(f.size), NAN);
+          const dc::OpenRowScorer mlp(f, all, 700, L, p.data(), dc::ScoreBase::h2o);
+          dc::score_rules_then_mlp(f, 900, pinned, reserves, unscored, mlp, s);
+          return s;
+        });
+        CAPTURE(threads);
+        CAPTURE(unscored.size());
+        CHECK(std::memcmp(expected.data(), got.data(), expected.size() * sizeof(float)) == 0);
+      }
+    }
+  }
   {  // Inputs no first-layer weight reads are not built: the same bits as building every one.
     const dc::MlpLayout L(int(all.size()), {16, 8}, dc::Activation::relu);
     auto p = random_params(L, 23);

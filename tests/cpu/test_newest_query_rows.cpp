@@ -145,6 +145,37 @@ TEST_CASE("newest-query reserve: the rows a full sort by (layer mass, position) 
   }
 }
 
+TEST_CASE("newest-query reserve: two reserves in disjoint layers at once are each one alone; shared layers throw") {
+  std::mt19937 rng(8);
+  for (int trial = 0; trial < 20; ++trial) {
+    const int heads = 1 + trial % 3, positions = 20 + int(rng() % 150);
+    const dc::TokenFeatures f = random_head_features(3, heads, positions, rng);
+    const std::vector<float> before = random_scores(f.size, rng);
+    const std::vector<int> first = {0, 2}, second = {1};
+    const int rows_first = int(rng() % std::uint32_t(positions)), rows_second = int(rng() % std::uint32_t(positions));
+    std::vector<float> expected = before;
+    dc::reserve_newest_query_rows(f, rows_first, expected, first);
+    dc::reserve_newest_query_rows(f, rows_second, expected, second);
+    for (int threads : {1, 2}) {
+      const std::vector<float> got = dc_test::with_threads(threads, [&] {
+        std::vector<float> s = before;
+        const std::vector<dc::NewestQueryReserve> both = {{first, rows_first}, {second, rows_second}};
+        dc::reserve_newest_query_rows(f, both, s);
+        return s;
+      });
+      CAPTURE(trial);
+      CHECK(got == expected);
+    }
+  }
+  std::mt19937 r(1);
+  const dc::TokenFeatures f = random_head_features(3, 2, 30, r);
+  std::vector<float> s = random_scores(f.size, r);
+  const std::vector<int> a = {0, 1}, b = {1, 2};
+  const std::vector<dc::NewestQueryReserve> overlapping = {{a, 3}, {b, 4}};
+  CHECK_THROWS_WITH_AS(dc::reserve_newest_query_rows(f, overlapping, s), doctest::Contains("two reserves rank layers 1"),
+                       dc::Error);
+}
+
 TEST_CASE("newest-query pins: the count positions of largest guide mass, ties to the newer, as a full sort gives") {
   std::mt19937 rng(9);
   for (int trial = 0; trial < 200; ++trial) {

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "../core/error.hpp"
+#include "gather_pack.hpp"
 
 namespace dc::cpu_detail {
 
@@ -36,6 +37,9 @@ inline KthLargestKey kth_largest_key(std::uint32_t* keys, std::uint32_t* scratch
     highest = std::max(highest, keys[i]);
   }
   if (lowest == highest) return {lowest, n, k};
+  // The largest candidate's digit at each pass: the walk down the buckets starts there, not at
+  // 255 (on a few hundred keys the walk from 255 was most of a pass).
+  std::uint32_t top_key = highest;
   for (int shift = (std::bit_width(lowest ^ highest) - 1) / 8 * 8;; shift -= 8) {
     // Two histograms, even and odd keys: runs of keys with one digit (every float of [0.5, 1)
     // has the same top 8 bits) would otherwise wait on the last increment of the same counter.
@@ -47,7 +51,7 @@ inline KthLargestKey kth_largest_key(std::uint32_t* keys, std::uint32_t* scratch
     }
     if (i < n) ++even[(candidates[i] >> shift) & 255u];
     // The digit of the k-th largest: walk the buckets from the top.
-    std::uint32_t digit = 255u;
+    std::uint32_t digit = (top_key >> shift) & 255u;
     std::size_t above = 0;
     while (above + even[digit] + odd[digit] < k) {
       above += even[digit] + odd[digit];
@@ -57,13 +61,10 @@ inline KthLargestKey kth_largest_key(std::uint32_t* keys, std::uint32_t* scratch
     const std::size_t in_digit = even[digit] + odd[digit];
     if (shift == 0) return {(candidates[0] & ~255u) | digit, in_digit, k};  // they share the upper 24 bits
     if (in_digit != n) {  // keep the candidates with this digit (without a branch)
-      std::size_t m = 0;
-      for (std::size_t j = 0; j < n; ++j) {
-        next[m] = candidates[j];
-        m += ((candidates[j] >> shift) & 255u) == digit ? 1 : 0;
-      }
+      n = pack_keys_with_digit(candidates, n, shift, digit, next);
       std::swap(candidates, next);
-      n = m;
+      top_key = 0;  // (vectorised)
+      for (std::size_t j = 0; j < n; ++j) top_key = std::max(top_key, candidates[j]);
     }
     if (n == 1) return {candidates[0], 1, 1};
   }

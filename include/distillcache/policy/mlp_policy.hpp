@@ -58,6 +58,7 @@
 #include "newest_query_pins.hpp"
 #include "newest_query_reserve.hpp"
 #include "policy_inputs.hpp"
+#include "rules_then_mlp.hpp"
 
 namespace dc {
 
@@ -401,9 +402,9 @@ class MlpPolicy final : public EvictionPolicy {
       if (reserve_layers_.empty()) reserve_newest_query_rows(f, reserve_tokens(budget, tokens), scores);
       return;
     }
-    // Pins first (with the recent window: the scoring loop sets both +inf and skips tiles of
-    // forced rows alone), so the reserves then choose among the rows still free. On another
-    // model the lists apply at the same depth; no guide layer there means no pins.
+    // Pins first (with the recent window: mark_forced_rows sets both +inf), so the reserves then
+    // choose among the rows still free. On another model the lists apply at the same depth; no
+    // guide layer there means no pins.
     const std::vector<char> pinned = newest_query_pinned_positions(
         f, pin_tokens(budget, tokens), same_depth ? pin_layers_ : layer_list_at_depth(pin_layers_, depth, model_layers));
     // The newest-query layers rescore their groups whole at the end, so nothing before scores
@@ -415,16 +416,27 @@ class MlpPolicy final : public EvictionPolicy {
     std::vector<char> rescored;
     if (!newest_layers.empty())  // (an empty list would mean every layer to group_in_layers)
       for (const FeatureGroup& g : f.groups) rescored.push_back(group_in_layers(g, newest_layers) ? 1 : 0);
-    // forward's bits, then +inf for the forced rows
-    mlp_policy_scores(f, inputs_, budget, layout_, params_.data(), scores, recent_tokens(budget), score_base_, pinned,
-                      rescored);
     // Another model: the lists at the same depth. An empty reserve list means every layer, so
     // a list that maps to no layer means no reserve (and every layer is elsewhere).
     const std::vector<int> reserve_layers =
         same_depth ? reserve_layers_ : layer_list_at_depth(reserve_layers_, depth, model_layers);
     const bool reserve_nowhere = !reserve_layers_.empty() && reserve_layers.empty();
-    reserve_newest_query_rows(f, reserve_nowhere ? 0 : reserve_tokens(budget, tokens), scores, reserve_layers, rescored);
-    reserve_elsewhere(f, budget, reserve_layers, scores, rescored);
+    const int elsewhere_rows = reserve_elsewhere_tokens(budget, tokens);
+    const std::vector<int> elsewhere =
+        elsewhere_rows > 0 ? layers_outside(reserve_layers, model_layers) : std::vector<int>();
+    std::vector<NewestQueryReserve> reserves = {{reserve_layers, reserve_nowhere ? 0 : reserve_tokens(budget, tokens)}};
+    if (!elsewhere.empty()) reserves.push_back({elsewhere, elsewhere_rows});
+    // The rows the rules keep first (window and pins, then both reserves: a reserve reads only
+    // which rows are +inf already), so that the MLP scores only the rows still open; layer by
+    // layer where there are several groups (policy/rules_then_mlp.hpp), else step by step.
+    if (f.num_groups() > 1) {
+      const OpenRowScorer mlp(f, inputs_, budget, layout_, params_.data(), score_base_);
+      score_rules_then_mlp(f, recent_tokens(budget), pinned, reserves, rescored, mlp, scores);
+    } else {
+      mark_forced_rows(f, recent_tokens(budget), pinned, rescored, scores);
+      reserve_newest_query_rows(f, reserves, scores, rescored);
+      mlp_score_open_rows(f, inputs_, budget, layout_, params_.data(), scores, score_base_, rescored);
+    }
     if (!newest_layers.empty()) give_layers_to_newest_query(f, budget, newest_layers, scores);
   }
 
@@ -448,16 +460,6 @@ class MlpPolicy final : public EvictionPolicy {
       layers.push_back(l.get<int>());
     }
     return layers;
-  }
-
-  // The reserve elsewhere: in every layer of f's model outside `reserve_layers` (those of this
-  // model; none means every layer).
-  void reserve_elsewhere(const TokenFeatures& f, int budget, std::span<const int> reserve_layers,
-                         std::span<float> scores, std::span<const char> skipped) const {
-    const int rows = reserve_elsewhere_tokens(budget, f.latest_position + 1);
-    if (rows == 0) return;
-    const std::vector<int> elsewhere = layers_outside(reserve_layers, f.model_layers());
-    if (!elsewhere.empty()) reserve_newest_query_rows(f, rows, scores, elsewhere, skipped);
   }
 
   // The budget as a fraction of the context: what the reserve schedules and the newest-query

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "../core/parse_text.hpp"
+#include "../cpu/gather_pack.hpp"
 #include "../cpu/parallel.hpp"
 #include "../cpu/radix_select.hpp"
 #include "../math/plackett_luce.hpp"
@@ -91,6 +92,7 @@ namespace detail {
 // Scratch a thread reuses from group to group.
 struct ReserveScratch {
   std::vector<float> mean;                        // by position
+  std::vector<float> row_mass;                    // per row of a group
   std::vector<std::uint32_t> row_keys, keys, spare;  // per row of a group
   std::vector<std::int32_t> tied;
 };
@@ -113,12 +115,12 @@ inline void raise_top_mass_rows(const TokenFeatures& f, const FeatureGroup& grou
   s.keys.resize(std::size_t(rows));
   s.spare.resize(std::size_t(rows));
   std::uint32_t* DC_RESTRICT row_key = s.row_keys.data();
-  for (int i = 0; i < rows; ++i) row_key[i] = math::float_order_bits(by_position[position[i]]);  // vectorised
-  std::size_t eligible = 0;  // the keys of rows not yet +inf, packed (apart: one loop would not vectorise)
-  for (int i = 0; i < rows; ++i) {
-    s.keys[eligible] = row_key[i];
-    eligible += score[i] != INFINITY ? 1 : 0;
-  }
+  s.row_mass.resize(std::size_t(rows));
+  const float* DC_RESTRICT row_mass = s.row_mass.data();
+  cpu_detail::gather(by_position, position, rows, s.row_mass.data());
+  for (int i = 0; i < rows; ++i) row_key[i] = math::float_order_bits(row_mass[i]);  // vectorised
+  // the keys of rows not yet +inf, packed
+  const std::size_t eligible = std::size_t(cpu_detail::pack_values_not_inf(row_key, score, rows, s.keys.data()));
   const std::size_t take = std::min(eligible, std::size_t(count));
   if (take == 0) return;
   if (take == eligible) {
@@ -142,30 +144,63 @@ inline void raise_top_mass_rows(const TokenFeatures& f, const FeatureGroup& grou
 
 }  // namespace detail
 
-// In every group of f, the `reserve` rows with the largest layer_last_query_mass among those
-// whose score is not +inf (rows already scored +inf, a recent window, are kept anyway) score
-// +inf. Ties go to the newer position, so the choice does not depend on row order or threads.
-// A group with fewer such rows than `reserve` has all of them raised. With `layers` (sorted
-// layer indices, parse_layer_list) only the groups inside those layers get a reserve. Layer by
-// layer: the mass by position is computed once for a layer's KV heads. skipped: empty, or a
-// flag per group; flagged groups are left as they are (MlpPolicy's newest-query layers, which it
-// rescores whole afterwards), and a layer whose groups are all flagged is not looked at.
-inline void reserve_newest_query_rows(const TokenFeatures& f, int reserve, std::span<float> scores,
-                                      std::span<const int> layers = {}, std::span<const char> skipped = {}) {
-  DC_CHECK(reserve >= 0, "newest-query reserve: negative row count ", reserve);
+// One reserve: `rows` rows per group in the groups inside `layers` (sorted layer indices,
+// parse_layer_list; empty: every layer).
+struct NewestQueryReserve {
+  std::span<const int> layers;
+  int rows = 0;
+};
+
+// The rows each of `ranges` (layer_range_groups(f, {})) reserves under `reserves`: those of the
+// reserve whose layers hold the range, 0 where none does. Throws naming the problem where a
+// reserve is negative, names a layer past the model, or two reserves rank one range.
+inline std::vector<int> reserve_rows_by_range(const TokenFeatures& f, std::span<const LayerRangeGroups> ranges,
+                                              std::span<const NewestQueryReserve> reserves) {
+  std::vector<int> rows(ranges.size(), 0);
+  for (const NewestQueryReserve& reserve : reserves) {
+    DC_CHECK(reserve.rows >= 0, "newest-query reserve: negative row count ", reserve.rows);
+    if (reserve.rows == 0 || f.size == 0) continue;
+    DC_CHECK(reserve.layers.empty() || reserve.layers.back() < f.model_layers(), "newest-query rows: layer ",
+             reserve.layers.back(), " named, the model has ", f.model_layers(), " layers");
+    for (std::size_t r = 0; r < ranges.size(); ++r) {
+      if (!group_in_layers(f.groups[std::size_t(ranges[r].groups.front())], reserve.layers)) continue;
+      DC_CHECK(rows[r] == 0, "newest-query reserve: two reserves rank layers ", ranges[r].layer_begin, "-",
+               ranges[r].layer_end - 1);
+      rows[r] = reserve.rows;
+    }
+  }
+  return rows;
+}
+
+// Several reserves at once, in layers no two of them share (MlpPolicy's reserve layers and the
+// reserve elsewhere): one pass over the layers in parallel, where one call per reserve left a
+// thread idle whenever a reserve covered fewer layers than threads could share evenly (three
+// layers on two threads). Each works as the one-reserve form below.
+inline void reserve_newest_query_rows(const TokenFeatures& f, std::span<const NewestQueryReserve> reserves,
+                                      std::span<float> scores, std::span<const char> skipped = {}) {
   DC_CHECK(scores.size() >= std::size_t(f.size), "newest-query reserve: ", scores.size(), " scores for ",
            f.size, " rows");
-  if (reserve == 0 || f.size == 0) return;
-  DC_CHECK(layers.empty() || layers.back() < f.model_layers(), "newest-query rows: layer ", layers.back(),
-           " named, the model has ", f.model_layers(), " layers");
   DC_CHECK(skipped.empty() || skipped.size() == f.groups.size(), "newest-query reserve: ", skipped.size(),
            " group flags for ", f.groups.size(), " groups");
-  std::vector<LayerRangeGroups> ranges = layer_range_groups(f, layers);  // only the layers it ranks
-  if (!skipped.empty())
-    std::erase_if(ranges, [&](const LayerRangeGroups& r) {
-      return std::all_of(r.groups.begin(), r.groups.end(), [&](int g) { return skipped[std::size_t(g)] != 0; });
-    });
+  std::vector<LayerRangeGroups> ranges = layer_range_groups(f, {});
+  std::vector<int> rows = reserve_rows_by_range(f, ranges, reserves);
+  {  // only the ranges some reserve ranks and not every group of which is skipped
+    std::size_t kept = 0;
+    for (std::size_t r = 0; r < ranges.size(); ++r) {
+      const bool all_skipped = !skipped.empty() && std::all_of(ranges[r].groups.begin(), ranges[r].groups.end(),
+                                                               [&](int g) { return skipped[std::size_t(g)] != 0; });
+      if (rows[r] == 0 || all_skipped) continue;
+      if (kept != r) {  // (a vector moved onto itself comes out empty)
+        ranges[kept] = std::move(ranges[r]);
+        rows[kept] = rows[r];
+      }
+      ++kept;
+    }
+    ranges.resize(kept);
+    rows.resize(kept);
+  }
   const int num_ranges = int(ranges.size());
+  if (num_ranges == 0) return;
   int bad = 0;
   DC_OMP(parallel if (num_ranges > 1 && f.size > 4096))
   {
@@ -178,10 +213,25 @@ inline void reserve_newest_query_rows(const TokenFeatures& f, int reserve, std::
       }
       for (int g : ranges[std::size_t(r)].groups)
         if (skipped.empty() || !skipped[std::size_t(g)])
-          detail::raise_top_mass_rows(f, f.groups[std::size_t(g)], scratch.mean, reserve, scores, scratch);
+          detail::raise_top_mass_rows(f, f.groups[std::size_t(g)], scratch.mean, rows[std::size_t(r)], scores,
+                                      scratch);
     }
   }
   if (bad) check_layer_range_positions(f, ranges);
+}
+
+// In every group of f, the `reserve` rows with the largest layer_last_query_mass among those
+// whose score is not +inf (rows already scored +inf, a recent window, are kept anyway) score
+// +inf. Ties go to the newer position, so the choice does not depend on row order or threads.
+// A group with fewer such rows than `reserve` has all of them raised. With `layers` (sorted
+// layer indices, parse_layer_list) only the groups inside those layers get a reserve. Layer by
+// layer: the mass by position is computed once for a layer's KV heads. skipped: empty, or a
+// flag per group; flagged groups are left as they are (MlpPolicy's newest-query layers, which it
+// rescores whole afterwards), and a layer whose groups are all flagged is not looked at.
+inline void reserve_newest_query_rows(const TokenFeatures& f, int reserve, std::span<float> scores,
+                                      std::span<const int> layers = {}, std::span<const char> skipped = {}) {
+  const NewestQueryReserve one{layers, reserve};
+  reserve_newest_query_rows(f, std::span<const NewestQueryReserve>(&one, 1), scores, skipped);
 }
 
 // MlpPolicy's newest_query_layers: in the groups inside `layers`, the `budget` rows with the

@@ -203,21 +203,43 @@ inline void sqrt_clamped(const float* DC_RESTRICT v, int count, float* DC_RESTRI
 // Rows per call of fill_policy_input at most (a tile of the MLP is 32).
 inline constexpr int kPolicyInputChunk = 64;
 
-// Input `in` of rows [row0, row0 + count), count <= kPolicyInputChunk, all of one group scaled
-// by s, into out[0, count). One loop per input with the choice outside it, so each loop
-// vectorises (math::log_poly) over a feature's contiguous column. layer_last:
-// layer_last_query_mass(f) when `in` is layer_last_alpha (else unread); budget: the rows each
-// group keeps (budget_age reads it).
-inline void fill_policy_input(const TokenFeatures& f, PolicyInput in, const PolicyInputScale& s,
-                              const float* layer_last, int budget, int row0, int count,
-                              float* DC_RESTRICT out) {
+// The raw features of a run of rows that fill_policy_input reads, row i of the run at index i of
+// each array: f's own arrays at the run's first row (policy_input_rows), or copies of scattered
+// rows gathered into a tile (policy/mlp_scoring.hpp scores only the rows its rules left open).
+// Arrays an input does not read may be null.
+struct PolicyInputRows {
+  std::array<const float*, kNumFeatures> column{};
+  const std::int32_t* position = nullptr;
+  const float* last_query_mass = nullptr;
+  const float* layer_last = nullptr;  // layer_last_query_mass (layer_last_alpha reads it)
+  int latest_position = 0;
+};
+
+// The rows of f from row0 on; layer_last: layer_last_query_mass(f), or null when unread.
+inline PolicyInputRows policy_input_rows(const TokenFeatures& f, const float* layer_last, int row0) {
+  PolicyInputRows rows;
+  for (int c = 0; c < kNumFeatures; ++c) rows.column[std::size_t(c)] = f.column(Feature(c)) + row0;
+  // (an empty vector's data() may be null, and null plus an offset is undefined)
+  rows.position = f.position.empty() ? nullptr : f.position.data() + row0;
+  rows.last_query_mass = f.last_query_mass.empty() ? nullptr : f.last_query_mass.data() + row0;
+  rows.layer_last = layer_last ? layer_last + row0 : nullptr;
+  rows.latest_position = f.latest_position;
+  return rows;
+}
+
+// Input `in` of the first `count` rows of `rows` (count <= kPolicyInputChunk), all of one group
+// scaled by s, into out[0, count). One loop per input with the choice outside it, so each loop
+// vectorises (math::log_poly) over a feature's contiguous column. budget: the rows each group
+// keeps (budget_age reads it).
+inline void fill_policy_input(const PolicyInputRows& rows, PolicyInput in, const PolicyInputScale& s, int budget,
+                              int count, float* DC_RESTRICT out) {
   DC_CHECK(count >= 0 && count <= kPolicyInputChunk, "fill_policy_input: ", count, " rows in one call");
   // The group's scales as locals: read through `s` inside a loop, GCC left value_norm's loop
   // scalar once its feature column was no longer a local array.
-  const int n = s.rows, latest = f.latest_position;
+  const int n = s.rows, latest = rows.latest_position;
   const float mean_value_norm = s.mean_value_norm, entropy_scale = s.entropy_scale;
-  auto column = [&](Feature c) { return f.column(c) + row0; };
-  const std::int32_t* DC_RESTRICT pos = f.position.data() + row0;
+  auto column = [&](Feature c) { return rows.column[std::size_t(c)]; };
+  const std::int32_t* DC_RESTRICT pos = rows.position;
   switch (in) {
     case PolicyInput::alpha: {
       const float* DC_RESTRICT c = column(Feature::alpha);
@@ -244,7 +266,7 @@ inline void fill_policy_input(const TokenFeatures& f, PolicyInput in, const Poli
       std::copy_n(column(Feature::position), count, out);
       return;
     case PolicyInput::last_alpha: {
-      const float* DC_RESTRICT last = f.last_query_mass.data() + row0;
+      const float* DC_RESTRICT last = rows.last_query_mass;
       for (int i = 0; i < count; ++i) out[i] = math::input_log_relative_mass(last[i], n);
       return;
     }
@@ -257,10 +279,19 @@ inline void fill_policy_input(const TokenFeatures& f, PolicyInput in, const Poli
     case PolicyInput::depth:
       for (int i = 0; i < count; ++i) out[i] = s.depth;
       return;
-    case PolicyInput::layer_last_alpha:
-      for (int i = 0; i < count; ++i) out[i] = math::input_log_relative_mass(layer_last[row0 + i], n);
+    case PolicyInput::layer_last_alpha: {
+      const float* DC_RESTRICT layer_last = rows.layer_last;
+      for (int i = 0; i < count; ++i) out[i] = math::input_log_relative_mass(layer_last[i], n);
       return;
+    }
   }
+}
+
+// The same for rows [row0, row0 + count) of f; layer_last: layer_last_query_mass(f) when `in` is
+// layer_last_alpha (else unread).
+inline void fill_policy_input(const TokenFeatures& f, PolicyInput in, const PolicyInputScale& s,
+                              const float* layer_last, int budget, int row0, int count, float* DC_RESTRICT out) {
+  fill_policy_input(policy_input_rows(f, layer_last, row0), in, s, budget, count, out);
 }
 
 // Checks what every way of building the inputs needs; returns layer_last_query_mass(f) when the
