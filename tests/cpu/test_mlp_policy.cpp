@@ -1013,7 +1013,8 @@ TEST_CASE("inference scores (inputs built into tiles) give the trainer's inputs-
     }
   }
   {  // Layer by layer (rules_then_mlp.hpp) gives the bits of the steps one after the other: the
-     // window, pins, a reserve in each layer (two reserves), a group left unscored, 1 and 2 threads.
+     // window, pins, a reserve in each layer (two reserves), a layer given to the newest query (its
+     // groups' keep-sets by give_layers_to_newest_query, 0 or 60 rows), 1 and 2 threads.
     const dc::MlpLayout L(int(all.size()), {16}, dc::Activation::relu);
     const auto p = random_params(L, 37);
     std::vector<char> pinned(6000, 0);
@@ -1021,23 +1022,30 @@ TEST_CASE("inference scores (inputs built into tiles) give the trainer's inputs-
     for (char& c : pinned) c = pick() % 9 == 0 ? 1 : 0;
     const std::vector<int> layer0 = {0}, layer1 = {1};
     const std::vector<dc::NewestQueryReserve> reserves = {{layer0, 40}, {layer1, 7}};
-    for (const std::vector<char>& unscored : {std::vector<char>(), std::vector<char>{0, 0, 0, 0, 1, 0}}) {
-      std::vector<float> expected(std::size_t(f.size));
-      dc::mark_forced_rows(f, 900, pinned, unscored, expected);
-      dc::reserve_newest_query_rows(f, reserves, expected, unscored);
-      dc::mlp_score_open_rows(f, all, 700, L, p.data(), expected, dc::ScoreBase::h2o, unscored);
-      for (int threads : {1, 2}) {
-        const std::vector<float> got = dc_test::with_threads(threads, [&] {
-          std::vector<float> s(std::size_t(f.size), NAN);
-          const dc::OpenRowScorer mlp(f, all, 700, L, p.data(), dc::ScoreBase::h2o);
-          dc::score_rules_then_mlp(f, 900, pinned, reserves, unscored, mlp, s);
-          return s;
-        });
-        CAPTURE(threads);
-        CAPTURE(unscored.size());
-        CHECK(std::memcmp(expected.data(), got.data(), expected.size() * sizeof(float)) == 0);
+    for (const std::vector<int>& newest_layers : {std::vector<int>(), layer1})
+      for (int newest_rows : {0, 60}) {
+        std::vector<char> newest;
+        if (!newest_layers.empty())
+          for (const dc::FeatureGroup& g : f.groups) newest.push_back(dc::group_in_layers(g, newest_layers) ? 1 : 0);
+        std::vector<float> expected(std::size_t(f.size));
+        dc::mark_forced_rows(f, 900, pinned, newest, expected);
+        dc::reserve_newest_query_rows(f, reserves, expected, newest);
+        dc::mlp_score_open_rows(f, all, 700, L, p.data(), expected, dc::ScoreBase::h2o, newest);
+        dc::give_layers_to_newest_query(f, newest_rows, newest_layers, expected);
+        CHECK(std::count(expected.begin(), expected.end(), INFINITY) > 0);
+        for (int threads : {1, 2}) {
+          const std::vector<float> got = dc_test::with_threads(threads, [&] {
+            std::vector<float> s(std::size_t(f.size), NAN);
+            const dc::OpenRowScorer mlp(f, all, 700, L, p.data(), dc::ScoreBase::h2o);
+            dc::score_rules_then_mlp(f, 900, pinned, reserves, {newest, newest_rows}, mlp, s);
+            return s;
+          });
+          CAPTURE(threads);
+          CAPTURE(newest.size());
+          CAPTURE(newest_rows);
+          CHECK(std::memcmp(expected.data(), got.data(), expected.size() * sizeof(float)) == 0);
+        }
       }
-    }
   }
   {  // Inputs no first-layer weight reads are not built: the same bits as building every one.
     const dc::MlpLayout L(int(all.size()), {16, 8}, dc::Activation::relu);

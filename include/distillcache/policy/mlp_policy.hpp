@@ -407,8 +407,8 @@ class MlpPolicy final : public EvictionPolicy {
     // guide layer there means no pins.
     const std::vector<char> pinned = newest_query_pinned_positions(
         f, pin_tokens(budget, tokens), same_depth ? pin_layers_ : layer_list_at_depth(pin_layers_, depth, model_layers));
-    // The newest-query layers rescore their groups whole at the end, so nothing before scores
-    // them: the same scores for less work (on SmolLM2, 6 of its 90 groups at head granularity).
+    // The newest-query layers' groups take the newest query's keep-set whole, so neither the
+    // rules nor the MLP score them (on SmolLM2, 6 of its 90 groups at head granularity).
     const std::vector<int> newest_layers =
         !newest_query_layers_on ? std::vector<int>()
         : same_depth            ? newest_query_layers_
@@ -428,15 +428,17 @@ class MlpPolicy final : public EvictionPolicy {
     if (!elsewhere.empty()) reserves.push_back({elsewhere, elsewhere_rows});
     // The rows the rules keep first (window and pins, then both reserves: a reserve reads only
     // which rows are +inf already), so that the MLP scores only the rows still open; layer by
-    // layer where there are several groups (policy/rules_then_mlp.hpp), else step by step.
+    // layer where there are several groups (policy/rules_then_mlp.hpp, the newest-query layers'
+    // keep-sets in the same pass), else step by step.
     if (f.num_groups() > 1) {
+      if (budget > 0 && f.size > 0) check_newest_query_layers(f, newest_layers);  // as the step's own check
       const OpenRowScorer mlp(f, inputs_, budget, layout_, params_.data(), score_base_);
-      score_rules_then_mlp(f, recent_tokens(budget), pinned, reserves, rescored, mlp, scores);
-    } else {
-      mark_forced_rows(f, recent_tokens(budget), pinned, rescored, scores);
-      reserve_newest_query_rows(f, reserves, scores, rescored);
-      mlp_score_open_rows(f, inputs_, budget, layout_, params_.data(), scores, score_base_, rescored);
+      score_rules_then_mlp(f, recent_tokens(budget), pinned, reserves, {rescored, budget}, mlp, scores);
+      return;
     }
+    mark_forced_rows(f, recent_tokens(budget), pinned, rescored, scores);
+    reserve_newest_query_rows(f, reserves, scores, rescored);
+    mlp_score_open_rows(f, inputs_, budget, layout_, params_.data(), scores, score_base_, rescored);
     if (!newest_layers.empty()) give_layers_to_newest_query(f, budget, newest_layers, scores);
   }
 

@@ -144,6 +144,13 @@ inline void raise_top_mass_rows(const TokenFeatures& f, const FeatureGroup& grou
 
 }  // namespace detail
 
+// Throws where sorted `layers` name a layer past f's model (the reserves' and the newest-query
+// layers' lists).
+inline void check_newest_query_layers(const TokenFeatures& f, std::span<const int> layers) {
+  DC_CHECK(layers.empty() || layers.back() < f.model_layers(), "newest-query rows: layer ", layers.back(),
+           " named, the model has ", f.model_layers(), " layers");
+}
+
 // One reserve: `rows` rows per group in the groups inside `layers` (sorted layer indices,
 // parse_layer_list; empty: every layer).
 struct NewestQueryReserve {
@@ -160,8 +167,7 @@ inline std::vector<int> reserve_rows_by_range(const TokenFeatures& f, std::span<
   for (const NewestQueryReserve& reserve : reserves) {
     DC_CHECK(reserve.rows >= 0, "newest-query reserve: negative row count ", reserve.rows);
     if (reserve.rows == 0 || f.size == 0) continue;
-    DC_CHECK(reserve.layers.empty() || reserve.layers.back() < f.model_layers(), "newest-query rows: layer ",
-             reserve.layers.back(), " named, the model has ", f.model_layers(), " layers");
+    check_newest_query_layers(f, reserve.layers);
     for (std::size_t r = 0; r < ranges.size(); ++r) {
       if (!group_in_layers(f.groups[std::size_t(ranges[r].groups.front())], reserve.layers)) continue;
       DC_CHECK(rows[r] == 0, "newest-query reserve: two reserves rank layers ", ranges[r].layer_begin, "-",

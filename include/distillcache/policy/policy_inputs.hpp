@@ -72,6 +72,13 @@ struct LayerRangeGroups {
   std::vector<int> groups;
 };
 
+// The rows of a range's groups, all together.
+inline int range_rows(const TokenFeatures& f, const LayerRangeGroups& range) {
+  int rows = 0;
+  for (int g : range.groups) rows += f.groups[std::size_t(g)].rows();
+  return rows;
+}
+
 inline std::vector<LayerRangeGroups> layer_range_groups(const TokenFeatures& f, std::span<const int> layers) {
   std::vector<LayerRangeGroups> ranges;
   for (int g = 0; g < f.num_groups(); ++g) {

@@ -1,15 +1,18 @@
 #pragma once
 // MlpPolicy's scoring at head or layer granularity in one pass over the layers: for each layer,
-// its mean newest-query mass where a reserve ranks it, then for each of its groups the forced
-// rows (mark_forced_rows), the reserve's rows (reserve_newest_query_rows) and the MLP on the rows
-// left open (mlp_score_open_rows). The same scores as those three one after the other (each step
-// reads only its own group's rows and the layer's mass, never another group's scores), for
-// less memory traffic: at SmolLM2's 8k cache one pass over every row's features and scores
-// streams megabytes from the last-level cache, and the steps one after the other made four such
+// its mean newest-query mass where a reserve or the newest-query rule reads it, then for each of
+// its groups either the newest query's whole keep-set (give_layers_to_newest_query's rule) or the
+// forced rows (mark_forced_rows), the reserve's rows (reserve_newest_query_rows) and the MLP on
+// the rows left open (mlp_score_open_rows). The same scores as those steps one after the other
+// (each step reads only its own group's rows and the layer's mass, never another group's scores),
+// for less memory traffic: at SmolLM2's 8k cache one pass over every row's features and scores
+// streams megabytes from the last-level cache, and the steps one after the other made five such
 // passes, where a layer's rows (a few hundred kilobytes) stay in the core's own cache from one
-// step to the next.
+// step to the next. At B = 512 of 2048 the newest-query layers alone, as a pass of their own,
+// cost a fifth of what v10's scoring adds to H2O's.
 #include <algorithm>
 #include <cstdint>
+#include <numeric>
 #include <span>
 #include <vector>
 
@@ -22,19 +25,35 @@
 
 namespace dc {
 
-// pinned, unscored: as mark_forced_rows takes them; reserves: as reserve_newest_query_rows
-// takes them; mlp: the MLP (built for f). A single group (shared granularity) goes step by
-// step instead, where the MLP's tiles spread over every thread.
+// The groups whose whole keep-set goes to their layer's newest query (MlpPolicy's newest-query
+// layers): a flag per group (empty: none; flag whole layers, as group_in_layers does), and the
+// rows each keeps (give_layers_to_newest_query's budget; the others score 0).
+struct NewestQueryGroups {
+  std::span<const char> flags;
+  int rows = 0;
+  bool has(int g) const { return !flags.empty() && flags[std::size_t(g)] != 0; }
+};
+
+// pinned: as mark_forced_rows takes it; reserves: as reserve_newest_query_rows takes them (they
+// skip the newest-query groups); mlp: the MLP (built for f). A single group (shared granularity)
+// goes step by step instead, where the MLP's tiles spread over every thread.
 inline void score_rules_then_mlp(const TokenFeatures& f, int recent, std::span<const char> pinned,
-                                 std::span<const NewestQueryReserve> reserves, std::span<const char> unscored,
+                                 std::span<const NewestQueryReserve> reserves, NewestQueryGroups newest,
                                  const OpenRowScorer& mlp, std::span<float> scores) {
   DC_CHECK(scores.size() >= std::size_t(f.size), "mlp policy: ", scores.size(), " scores for ", f.size, " rows");
   DC_CHECK(recent >= 0, "mlp policy: negative recent window ", recent);
-  DC_CHECK(unscored.empty() || unscored.size() == f.groups.size(), "mlp policy: ", unscored.size(),
-           " group flags for ", f.groups.size(), " groups");
+  DC_CHECK(newest.flags.empty() || newest.flags.size() == f.groups.size(), "mlp policy: ", newest.flags.size(),
+           " newest-query group flags for ", f.groups.size(), " groups");
+  DC_CHECK(newest.rows >= 0, "mlp policy: negative newest-query row count ", newest.rows);
   const std::vector<LayerRangeGroups> ranges = layer_range_groups(f, {});
   const std::vector<int> reserve_rows = reserve_rows_by_range(f, ranges, reserves);
   const int num_ranges = int(ranges.size());
+  // Largest ranges first (their rows), so that the last range a thread takes is a small one:
+  // layers given 3x the budget hold 3x the rows, and taken last they left a thread idle.
+  std::vector<int> order(ranges.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return range_rows(f, ranges[std::size_t(a)]) >
+                                                                         range_rows(f, ranges[std::size_t(b)]); });
   int bad = 0;
   DC_OMP(parallel if (num_ranges > 1 && f.size > 4096))
   {
@@ -43,23 +62,27 @@ inline void score_rules_then_mlp(const TokenFeatures& f, int recent, std::span<c
     detail::ReserveScratch reserve;
     OpenRowScorer::Scratch scratch = mlp.scratch();
     DC_OMP(for schedule(dynamic) reduction(| : bad))
-    for (int r = 0; r < num_ranges; ++r) {
+    for (int i = 0; i < num_ranges; ++i) {
+      const int r = order[std::size_t(i)];
       const LayerRangeGroups& range = ranges[std::size_t(r)];
       const int rows = reserve_rows[std::size_t(r)];
-      const auto is_unscored = [&](int g) { return !unscored.empty() && unscored[std::size_t(g)] != 0; };
-      const bool ranked = rows > 0 && !std::all_of(range.groups.begin(), range.groups.end(), is_unscored);
-      if (ranked && !layer_mean_newest_query_mass(f, range, reserve.mean)) {
+      const bool any_newest = newest.rows > 0 && std::any_of(range.groups.begin(), range.groups.end(),
+                                                             [&](int g) { return newest.has(g); });
+      const bool ranked = rows > 0 && !std::all_of(range.groups.begin(), range.groups.end(),
+                                                   [&](int g) { return newest.has(g); });
+      if ((ranked || any_newest) && !layer_mean_newest_query_mass(f, range, reserve.mean)) {
         bad |= 1;
         continue;
       }
       for (int g : range.groups) {
-        if (is_unscored(g)) {
-          std::fill(scores.begin() + f.groups[std::size_t(g)].row_begin, scores.begin() + f.groups[std::size_t(g)].row_end,
-                    0.0f);
+        const FeatureGroup& group = f.groups[std::size_t(g)];
+        if (newest.has(g)) {
+          std::fill(scores.begin() + group.row_begin, scores.begin() + group.row_end, 0.0f);
+          if (newest.rows > 0) detail::raise_top_mass_rows(f, group, reserve.mean, newest.rows, scores, reserve);
           continue;
         }
         forced.mark_group(f, g, pin, scores);
-        if (ranked) detail::raise_top_mass_rows(f, f.groups[std::size_t(g)], reserve.mean, rows, scores, reserve);
+        if (ranked) detail::raise_top_mass_rows(f, group, reserve.mean, rows, scores, reserve);
         mlp.score_group(g, scratch, scores);
       }
     }
