@@ -72,11 +72,14 @@ class ForcedRows {
     float* DC_RESTRICT score = scores.data() + group.row_begin;
     const int rows = group.rows();
     const std::int32_t* DC_RESTRICT position = f.position.data() + group.row_begin;
-    pin.assign(std::size_t(rows), 0);
-    if (!pin_flags_.empty())
-      cpu_detail::lookup_position_flags(pin_flags_.data(), std::uint32_t(pin_flags_.size()), position, rows, pin.data());
-    const std::int32_t* DC_RESTRICT pinned_row = pin.data();
     const int newest_unforced = newest_unforced_;
+    if (pin_flags_.empty()) {
+      for (int r = 0; r < rows; ++r) score[r] = position[r] > newest_unforced ? INFINITY : 0.0f;
+      return;
+    }
+    pin.resize(std::size_t(rows));  // every entry written by the lookup
+    cpu_detail::lookup_position_flags(pin_flags_.data(), std::uint32_t(pin_flags_.size()), position, rows, pin.data());
+    const std::int32_t* DC_RESTRICT pinned_row = pin.data();
     for (int r = 0; r < rows; ++r)
       score[r] = ((position[r] > newest_unforced) | (pinned_row[r] != 0)) ? INFINITY : 0.0f;
   }
