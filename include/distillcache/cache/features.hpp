@@ -166,7 +166,7 @@ struct TokenFeatures {
     // when something is wrong do the serial loops below look for the first bad entry to name.
     // In parallel from two chunks on: at 47k rows (B = 512 of 2048, 25 % of SmolLM2's 2k) the
     // features come cold from the last-level cache after the previous compaction, and one thread
-    // took 90-100 us where two take 55 (a seventh of H2O's whole eviction there).
+    // took 90-100 us where two take 55 (H2O's whole eviction there takes about 1400).
     const std::vector<float>* floats[] = {&columns[0], &columns[1], &columns[2], &columns[3], &columns[4],
                                           &accumulated_mass, &last_query_mass, &key_norm, &expected_attention};
     static_assert(kNumFeatures == 5, "floats[] lists every feature column");
