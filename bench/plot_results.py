@@ -176,6 +176,9 @@ def main():
     ap.add_argument("--tasks", action="append",
                     help="a task-suite CSV (examples/eval --task ... --csv); repeat for several lengths")
     ap.add_argument("--tasks-out", help="prefix of the task plots and summary (default: the first CSV's name)")
+    ap.add_argument("--drop-policy", action="append", default=[],
+                    help="leave this policy's task rows out (repeatable; e.g. an earlier learned policy "
+                         "named as the shipped one in an older CSV)")
     args = ap.parse_args()
     panels = []
     for length in args.lengths.split(","):
@@ -196,7 +199,16 @@ def main():
         plot_kl(panels, os.path.join(RESULTS, f"kl_vs_budget_{args.mode}_{args.granularity}.png"),
                 "Held-out Vim help text: KL to the full cache (lower is better)")
     if args.tasks:
-        rows = [r for path in args.tasks for r in read_rows(path)]
+        # A (task, length, budget, policy) held by several files (e.g. the full cache, rerun beside
+        # a new policy) is taken from the first file that has it, so that no cell counts twice.
+        rows, seen = [], set()
+        for path in args.tasks:
+            for r in read_rows(path):
+                key = (r["task"], r["length"], float(r["budget"]), r["policy"])
+                if r["policy"] in args.drop_policy or key in seen:
+                    continue
+                seen.add(key)
+                rows.append(r)
         prefix = args.tasks_out or os.path.splitext(args.tasks[0])[0]
         task_plots(rows, prefix)
         with open(prefix + "_summary.md", "w") as f:

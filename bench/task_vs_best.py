@@ -1,0 +1,178 @@
+#!/usr/bin/env python3
+"""One policy against the best heuristic on every task cell, from examples/eval --task CSV files.
+
+The issue's target for the learned policy on the RULER-style tasks is an accuracy at each budget
+at least the best heuristic's. The evaluator's table lists every policy on its own row; this
+joins one or more of its CSV files (e.g. the learned policy run on its own, the heuristics taken
+from an earlier run of the same deterministic suite) and prints, per task, length and budget, the
+policy's answers, the best heuristic's (and which one), and whether the policy is at least as good.
+Cells the full cache itself answers in fewer than half of the samples are marked: there the
+comparison says little about what eviction keeps.
+
+    python3 bench/task_vs_best.py new.csv old.csv [...] --policy "distillcache v10" \
+        [--heuristics h2o,snapkv,streaming,tova,observed,knorm,expected] [--markdown] \
+        [--answers new_answers.csv]
+
+With --answers (examples/eval --answers of a run that holds the policy and some heuristics), the
+policy is also compared prompt by prompt with each heuristic in that file, pooled over the tasks
+the full cache answers at least once: the mean paired score difference per prompt and its 95 %
+bootstrap interval (10000 resamples of the prompts, a fixed seed, so the interval reproduces).
+
+A (task, length, budget, policy) present in several files is taken from the first file that has
+it, so list the newest run first. Rows whose sample counts differ between the policy and a
+heuristic are compared as rates and flagged.
+"""
+import argparse
+import csv
+import random
+import sys
+from collections import defaultdict
+
+DEFAULT_HEURISTICS = "h2o,snapkv,streaming,tova,observed,knorm,expected"
+
+
+def load(paths):
+    rows = {}
+    for path in paths:
+        with open(path, newline="") as f:
+            for r in csv.DictReader(f):
+                key = (r["task"], int(r["length"]), float(r["budget"]), r["policy"])
+                rows.setdefault(key, r)
+    return rows
+
+
+def answered(r):
+    """(the samples' summed score, the sample count): a count of right answers on the needle tasks."""
+    samples = int(r["samples"])
+    return float(r["accuracy"]) * samples, samples
+
+
+def shown(score, samples):
+    return ("%d/%d" if abs(score - round(score)) < 1e-6 else "%.1f/%d") % (round(score, 1), samples)
+
+
+def score_sum(r):
+    """The sum of the samples' scores (fwe and cwe score a share of the words, so not a count)."""
+    return float(r["accuracy"]) * int(r["samples"])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("csv", nargs="+", help="examples/eval --task --csv files, newest first")
+    ap.add_argument("--policy", required=True, help="the policy column's value to compare")
+    ap.add_argument("--heuristics", default=DEFAULT_HEURISTICS, help="comma-separated policy names")
+    ap.add_argument("--markdown", action="store_true", help="print a markdown table")
+    ap.add_argument("--answers", help="an examples/eval --answers file for prompt-by-prompt differences")
+    args = ap.parse_args()
+
+    rows = load(args.csv)
+    heuristics = [h for h in args.heuristics.split(",") if h]
+    cells = sorted({(t, l, b) for (t, l, b, p) in rows if p == args.policy},
+                   key=lambda c: (c[1], c[0], c[2]))
+    if not cells:
+        sys.exit(f"task_vs_best: no rows of policy '{args.policy}' in {', '.join(args.csv)}")
+
+    header = ["task", "length", "budget", "full", args.policy, "best heuristic", "which", "at least"]
+    out = []
+    tally = {"win": 0, "tie": 0, "loss": 0}
+    missing = set()
+    for task, length, budget in cells:
+        mine = rows[(task, length, budget, args.policy)]
+        k, n = answered(mine)
+        full = rows.get((task, length, budget, "full"))
+        full_text = "?" if full is None else shown(*answered(full))
+        best, best_names = None, []
+        for h in heuristics:
+            r = rows.get((task, length, budget, h))
+            if r is None:
+                missing.add(h)
+                continue
+            hk, hn = answered(r)
+            rate = hk / hn
+            if best is None or rate > best[0] + 1e-12:
+                best, best_names = (rate, hk, hn), [h]
+            elif abs(rate - best[0]) <= 1e-12:
+                best_names.append(h)
+        if best is None:
+            sys.exit(f"task_vs_best: no heuristic rows for {task} L={length} budget {budget}")
+        rate = k / n
+        verdict = "win" if rate > best[0] + 1e-12 else ("tie" if rate >= best[0] - 1e-12 else "loss")
+        tally[verdict] += 1
+        flags = ""
+        if full is not None and answered(full)[0] * 2 < answered(full)[1]:
+            flags += " (full < 1/2)"
+        if best[2] != n:
+            flags += " (samples differ)"
+        out.append([task, str(length), "%g" % budget, full_text, shown(k, n), shown(best[1], best[2]), "+".join(best_names),
+                    ("yes" if verdict != "loss" else "**no**") + flags])
+
+    if args.markdown:
+        print("| " + " | ".join(header) + " |")
+        print("|" + "---|" * len(header))
+        for row in out:
+            print("| " + " | ".join(row) + " |")
+    else:
+        widths = [max(len(h), *(len(r[i]) for r in out)) for i, h in enumerate(header)]
+        print("  ".join(h.ljust(w) for h, w in zip(header, widths)))
+        for row in out:
+            print("  ".join(c.ljust(w) for c, w in zip(row, widths)))
+    print(f"\n{args.policy}: {tally['win']} cells ahead of the best heuristic, {tally['tie']} level, "
+          f"{tally['loss']} behind (of {len(out)})")
+    if missing:
+        print("heuristics absent from some cells: " + ", ".join(sorted(missing)))
+
+    # Pooled over the tasks: per (length, budget), the sum of every sample's score over the tasks
+    # the full cache answers at least once (about a hundred prompts a cell instead of ten).
+    print("\nPooled over the tasks the full cache answers at least once (sum of the samples' scores):")
+    names = [args.policy] + [h for h in heuristics if h not in missing]
+    print("length  budget  prompts  " + "  ".join(names))
+    for length, budget in sorted({(c[1], c[2]) for c in cells}):
+        total = {name: 0.0 for name in names}
+        prompts = 0
+        for task, l2, b2 in cells:
+            if (l2, b2) != (length, budget):
+                continue
+            full = rows.get((task, length, budget, "full"))
+            if full is not None and float(full["accuracy"]) == 0.0:
+                continue
+            prompts += int(rows[(task, length, budget, args.policy)]["samples"])
+            for name in names:
+                r = rows.get((task, length, budget, name))
+                total[name] += score_sum(r) if r is not None else float("nan")
+        best = max(total[h] for h in names[1:])
+        print(f"{length:<6}  {budget:<6g}  {prompts:<7}  " + "  ".join(
+            f"{total[n]:.1f}" + ("*" if n != args.policy and total[n] == best else "") for n in names))
+    print("(* the best heuristic)")
+    if args.answers:
+        paired(args.answers, args.policy, heuristics, rows, cells)
+
+
+def paired(path, policy, heuristics, rows, cells):
+    """Prompt-by-prompt differences of the policy's score minus each heuristic's in one answers file."""
+    score = defaultdict(dict)  # (task, length, budget, sample) -> {policy: score}
+    with open(path, newline="") as f:
+        for r in csv.DictReader(f):
+            if r["score"] == "":
+                continue
+            score[(r["task"], int(r["length"]), float(r["budget"]), int(r["sample"]))][r["policy"]] = float(r["score"])
+    present = sorted({p for s in score.values() for p in s} & set(heuristics))
+    if not present:
+        print(f"\n{path}: no heuristic beside {policy}, no paired comparison")
+        return
+    print(f"\nPaired, prompt by prompt ({path}): mean of {policy} minus the heuristic per prompt, 95 % bootstrap interval")
+    rng = random.Random(0)
+    for length, budget in sorted({(c[1], c[2]) for c in cells}):
+        tasks = [t for t, l2, b2 in cells if (l2, b2) == (length, budget)
+                 and not ((t, length, budget, "full") in rows and float(rows[(t, length, budget, "full")]["accuracy"]) == 0.0)]
+        for h in present:
+            d = [s[policy] - s[h] for (t, l2, b2, _), s in sorted(score.items())
+                 if l2 == length and b2 == budget and t in tasks and policy in s and h in s]
+            if not d:
+                continue
+            means = sorted(sum(rng.choice(d) for _ in d) / len(d) for _ in range(10000))
+            print(f"L={length} budget {budget:g} vs {h}: {sum(d) / len(d):+.3f} [{means[249]:+.3f}, {means[9749]:+.3f}] "
+                  f"over {len(d)} prompts ({sum(x > 0 for x in d)} better, {sum(x < 0 for x in d)} worse)")
+
+
+if __name__ == "__main__":
+    main()
