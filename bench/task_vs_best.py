@@ -124,7 +124,8 @@ def main():
     # Pooled over the tasks: per (length, budget), the sum of every sample's score over the tasks
     # the full cache answers at least once (about a hundred prompts a cell instead of ten).
     print("\nPooled over the tasks the full cache answers at least once (sum of the samples' scores):")
-    names = [args.policy] + [h for h in heuristics if h not in missing]
+    # A heuristic missing from some task of a (length, budget) shows "-" there (no partial sums).
+    names = [args.policy] + [h for h in heuristics if any((t, l, b, h) in rows for t, l, b in cells)]
     print("length  budget  prompts  " + "  ".join(names))
     for length, budget in sorted({(c[1], c[2]) for c in cells}):
         total = {name: 0.0 for name in names}
@@ -139,9 +140,10 @@ def main():
             for name in names:
                 r = rows.get((task, length, budget, name))
                 total[name] += score_sum(r) if r is not None else float("nan")
-        best = max(total[h] for h in names[1:])
+        best = max((total[h] for h in names[1:] if total[h] == total[h]), default=float("nan"))
         print(f"{length:<6}  {budget:<6g}  {prompts:<7}  " + "  ".join(
-            f"{total[n]:.1f}" + ("*" if n != args.policy and total[n] == best else "") for n in names))
+            ("-" if total[n] != total[n] else f"{total[n]:.1f}") + ("*" if n != args.policy and total[n] == best else "")
+            for n in names))
     print("(* the best heuristic)")
     if args.answers:
         paired(args.answers, args.policy, heuristics, rows, cells)
