@@ -1220,6 +1220,52 @@ TEST_CASE("an H2O score base: log(accumulated mass) + the MLP; a zero output lay
   CHECK_THROWS_WITH_AS(dc::MlpPolicy::from_checkpoint(c), doctest::Contains("'score_base' is not a string"), dc::Error);
 }
 
+TEST_CASE("a linear correction's inference (its first unit alone) gives the whole network's bits") {
+  const dc::TokenFeatures f = distinct_mass_features();
+  std::vector<dc::PolicyInput> inputs = dc::paper_policy_inputs();
+  inputs.push_back(dc::PolicyInput::last_alpha);
+  const auto x = dc::policy_inputs(f, inputs, 100);
+  // Weights of both signs and zeros (an input whose weight is 0 is not built at all), and w = 0,
+  // whose every output is a zero: the network's is +0.
+  const std::vector<std::vector<float>> weights = {
+      {0.0f, 1.625f, 0.5f, 0.0f, 0.4375f, 0.0f}, {0.75f, -1.5f, 0.25f, 2.0f, -0.125f, 3.0f}, std::vector<float>(6, 0.0f)};
+  for (const std::vector<int>& hidden : {std::vector<int>{2}, std::vector<int>{3, 2}, std::vector<int>{2, 2, 4}})
+    for (const std::vector<float>& w : weights) {
+      CAPTURE(hidden.size());
+      CAPTURE(w[1]);
+      const dc::MlpLayout layout(int(inputs.size()), hidden, dc::Activation::relu);
+      const auto params = dc::linear_correction_params(layout, w);
+      REQUIRE(dc::is_linear_correction(layout, params));
+      std::vector<float> network(std::size_t(f.size)), got(std::size_t(f.size), NAN);
+      dc::mlp_forward(kCpu, layout, params.data(), x.data(), f.size, network.data(), nullptr);
+      for (dc::ScoreBase base : {dc::ScoreBase::none, dc::ScoreBase::h2o}) {
+        std::vector<float> expected = network;
+        dc::add_score_base(base, f.accumulated_mass.data(), f.size, expected.data());
+        std::fill(got.begin(), got.end(), NAN);
+        dc::mlp_policy_scores(f, inputs, 100, layout, params.data(), got, 0, base);
+        CHECK(std::memcmp(expected.data(), got.data(), expected.size() * sizeof(float)) == 0);
+      }
+      // Any other block is scored by the whole network: one more nonzero weight, a changed
+      // pass-through, a bias.
+      for (std::size_t at : {std::size_t(layout.weight_offset(0) + layout.inputs + 1),
+                             std::size_t(layout.bias_offset(0)), std::size_t(layout.weight_offset(1))}) {
+        CAPTURE(at);
+        auto other = params;
+        other[at] += 0.5f;
+        CHECK_FALSE(dc::is_linear_correction(layout, other));
+        std::vector<float> whole(std::size_t(f.size));
+        dc::mlp_forward(kCpu, layout, other.data(), x.data(), f.size, whole.data(), nullptr);
+        std::fill(got.begin(), got.end(), NAN);
+        dc::mlp_policy_scores(f, inputs, 100, layout, other.data(), got);
+        CHECK(std::memcmp(whole.data(), got.data(), whole.size() * sizeof(float)) == 0);
+      }
+    }
+  const dc::MlpLayout silu(int(inputs.size()), {2}, dc::Activation::silu);
+  CHECK_FALSE(dc::is_linear_correction(silu, std::vector<float>(std::size_t(silu.parameters()), 0.0f)));
+  const dc::MlpLayout narrow(int(inputs.size()), {2, 1}, dc::Activation::relu);
+  CHECK_FALSE(dc::is_linear_correction(narrow, std::vector<float>(std::size_t(narrow.parameters()), 0.0f)));
+}
+
 TEST_CASE("a linear correction: the ReLU MLP computes w . x, and on the H2O base w on value_norm is attention x value norm") {
   const dc::TokenFeatures f = distinct_mass_features();
   const auto inputs = dc::paper_policy_inputs();

@@ -10,6 +10,8 @@
 // in every later one, and the output is u - v = w . x. Every other weight and bias is zero. No
 // offset is needed, so the score keeps float's full resolution (an offset c would round w . x
 // to c's ulp), and the rounding is only that of w . x itself.
+#include <bit>
+#include <cmath>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -58,6 +60,23 @@ inline std::vector<float> linear_correction_weights(const MlpLayout& layout, std
            " parameters for an MLP of ", layout.parameters());
   const auto first = params.begin() + std::ptrdiff_t(layout.weight_offset(0));
   return std::vector<float>(first, first + layout.inputs);
+}
+
+// Whether `params` is exactly the block linear_correction_params writes for some w (its first
+// layer's unit 0): then the network's output is that unit's pre-activation, w . x, to the bit
+// (the negative unit's pre-activation is its exact negation, each later layer passes both
+// through unchanged, the output adds one of them to zero), which inference computes alone.
+inline bool is_linear_correction(const MlpLayout& layout, std::span<const float> params) {
+  if (layout.activation != Activation::relu || std::int64_t(params.size()) != layout.parameters()) return false;
+  for (int h : layout.hidden)
+    if (h < 2) return false;
+  const std::vector<float> w = linear_correction_weights(layout, params);
+  for (float x : w)
+    if (!std::isfinite(x)) return false;
+  const std::vector<float> expected = linear_correction_params(layout, w);
+  for (std::size_t i = 0; i < expected.size(); ++i)  // bits, not values: a -0 weight is not the block's +0
+    if (std::bit_cast<std::uint32_t>(expected[i]) != std::bit_cast<std::uint32_t>(params[i])) return false;
+  return true;
 }
 
 }  // namespace dc

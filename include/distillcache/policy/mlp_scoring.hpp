@@ -29,6 +29,7 @@
 #include "../cpu/mlp.hpp"
 #include "../cpu/parallel.hpp"
 #include "../math/policy_inputs.hpp"
+#include "linear_correction.hpp"
 #include "policy_inputs.hpp"
 
 namespace dc {
@@ -216,6 +217,7 @@ class OpenRowScorer {
       for (int i = 0; i < layout.inputs; ++i)
         used_[std::size_t(i)] |= params[layout.weight_offset(0) + std::int64_t(o) * layout.inputs + i] != 0.0f;
     needs_ = detail::open_rows_needs(inputs, used_, base);
+    linear_ = is_linear_correction(layout, std::span<const float>(params, std::size_t(layout.parameters())));
   }
 
   Scratch scratch() const {
@@ -243,7 +245,17 @@ class OpenRowScorer {
       std::fill(column + rows, column + T, 0.0f);  // as mlp_tile_forward pads a short tile
     }
     float tile_scores[T];
-    cpu_detail::mlp_tile_layers(layout_, params_, 0, rows, tile_scores, nullptr, t.a.data(), t.z.data());
+    if (linear_) {
+      // A linear correction's network outputs its first unit's pre-activation, w . x
+      // (policy/linear_correction.hpp): computed by the same code as in the whole network, so
+      // the same bits, for a third of the arithmetic (no -0 either: the unit's bias is +0, and
+      // a sum of nonzero terms that cancels rounds to +0).
+      cpu_detail::mlp_tile_units(params_ + layout_.weight_offset(0), params_ + layout_.bias_offset(0), layout_.inputs,
+                                 1, t.a.data(), t.z.data());
+      for (int r = 0; r < rows; ++r) tile_scores[r] = t.z[std::size_t(r)];
+    } else {
+      cpu_detail::mlp_tile_layers(layout_, params_, 0, rows, tile_scores, nullptr, t.a.data(), t.z.data());
+    }
     add_score_base(base_, consecutive ? f_.accumulated_mass.data() + tile_rows[0] : t.gathered.accumulated_mass.data(),
                    rows, tile_scores);
     for (int r = 0; r < rows; ++r) scores[std::size_t(tile_rows[r])] = tile_scores[r];
@@ -272,6 +284,7 @@ class OpenRowScorer {
   int layers_ = 0;
   std::vector<char> used_;
   detail::OpenRowsNeeds needs_;
+  bool linear_ = false;  // the network is a linear correction (is_linear_correction)
 };
 
 // The MLP's score (plus the base's) for every row whose score is not +inf, outside the groups

@@ -188,39 +188,30 @@ inline void reserve_newest_query_rows(const TokenFeatures& f, std::span<const Ne
            f.size, " rows");
   DC_CHECK(skipped.empty() || skipped.size() == f.groups.size(), "newest-query reserve: ", skipped.size(),
            " group flags for ", f.groups.size(), " groups");
-  std::vector<LayerRangeGroups> ranges = layer_range_groups(f, {});
-  std::vector<int> rows = reserve_rows_by_range(f, ranges, reserves);
-  {  // only the ranges some reserve ranks and not every group of which is skipped
-    std::size_t kept = 0;
-    for (std::size_t r = 0; r < ranges.size(); ++r) {
-      const bool all_skipped = !skipped.empty() && std::all_of(ranges[r].groups.begin(), ranges[r].groups.end(),
-                                                               [&](int g) { return skipped[std::size_t(g)] != 0; });
-      if (rows[r] == 0 || all_skipped) continue;
-      if (kept != r) {  // (a vector moved onto itself comes out empty)
-        ranges[kept] = std::move(ranges[r]);
-        rows[kept] = rows[r];
-      }
-      ++kept;
-    }
-    ranges.resize(kept);
-    rows.resize(kept);
+  const LayerRanges ranges = layer_range_groups(f, {});
+  const std::vector<int> rows = reserve_rows_by_range(f, ranges, reserves);
+  std::vector<int> ranked;  // the ranges some reserve ranks and not every group of which is skipped
+  for (std::size_t r = 0; r < ranges.size(); ++r) {
+    const bool all_skipped = !skipped.empty() && std::all_of(ranges[r].groups.begin(), ranges[r].groups.end(),
+                                                             [&](int g) { return skipped[std::size_t(g)] != 0; });
+    if (rows[r] > 0 && !all_skipped) ranked.push_back(int(r));
   }
-  const int num_ranges = int(ranges.size());
-  if (num_ranges == 0) return;
+  const int num_ranked = int(ranked.size());
+  if (num_ranked == 0) return;
   int bad = 0;
-  DC_OMP(parallel if (num_ranges > 1 && f.size > 4096))
+  DC_OMP(parallel if (num_ranked > 1 && f.size > 4096))
   {
     detail::ReserveScratch scratch;
     DC_OMP(for schedule(dynamic) reduction(| : bad))
-    for (int r = 0; r < num_ranges; ++r) {
-      if (!layer_mean_newest_query_mass(f, ranges[std::size_t(r)], scratch.mean)) {
+    for (int i = 0; i < num_ranked; ++i) {
+      const std::size_t r = std::size_t(ranked[std::size_t(i)]);
+      if (!layer_mean_newest_query_mass(f, ranges[r], scratch.mean)) {
         bad |= 1;
         continue;
       }
-      for (int g : ranges[std::size_t(r)].groups)
+      for (int g : ranges[r].groups)
         if (skipped.empty() || !skipped[std::size_t(g)])
-          detail::raise_top_mass_rows(f, f.groups[std::size_t(g)], scratch.mean, rows[std::size_t(r)], scores,
-                                      scratch);
+          detail::raise_top_mass_rows(f, f.groups[std::size_t(g)], scratch.mean, rows[r], scores, scratch);
     }
   }
   if (bad) check_layer_range_positions(f, ranges);

@@ -45,7 +45,7 @@ inline void score_rules_then_mlp(const TokenFeatures& f, int recent, std::span<c
   DC_CHECK(newest.flags.empty() || newest.flags.size() == f.groups.size(), "mlp policy: ", newest.flags.size(),
            " newest-query group flags for ", f.groups.size(), " groups");
   DC_CHECK(newest.rows >= 0, "mlp policy: negative newest-query row count ", newest.rows);
-  const std::vector<LayerRangeGroups> ranges = layer_range_groups(f, {});
+  const LayerRanges ranges = layer_range_groups(f, {});
   const std::vector<int> reserve_rows = reserve_rows_by_range(f, ranges, reserves);
   const int num_ranges = int(ranges.size());
   // Largest ranges first (their rows), so that the last range a thread takes is a small one:
