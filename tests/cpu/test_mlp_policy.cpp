@@ -301,6 +301,31 @@ TEST_CASE("depth: the group's layer as a fraction of the model, the same at ever
   CHECK(dc::parse_policy_input("depth") == dc::PolicyInput::depth);
 }
 
+TEST_CASE("layer_range_groups: a layer's groups wherever they stand, with its KV heads, inside the layers asked for") {
+  // Groups of two layers interleaved (layer 0 head 0, layer 1 head 0, layer 0 head 1, ...), one
+  // group covering layers 2-3 with two heads, and a layer whose groups hold no rows.
+  dc::TokenFeatures f;
+  f.granularity = dc::Granularity::head;
+  f.groups = {{0, 1, 0, 1, 0, 0}, {1, 2, 0, 1, 0, 0}, {0, 1, 1, 2, 0, 0}, {1, 2, 1, 2, 0, 0}, {2, 4, 0, 2, 0, 0},
+              {0, 1, 2, 3, 0, 0}};
+  const dc::LayerRanges all = dc::layer_range_groups(f, {});
+  REQUIRE(all.size() == 3);
+  auto groups_of = [](const dc::LayerRangeGroups& r) { return std::vector<int>(r.groups.begin(), r.groups.end()); };
+  CHECK((all[0].layer_begin == 0 && all[0].layer_end == 1 && all[0].heads == 3));
+  CHECK(groups_of(all[0]) == std::vector<int>{0, 2, 5});
+  CHECK((all[1].layer_begin == 1 && all[1].heads == 2 && groups_of(all[1]) == std::vector<int>{1, 3}));
+  CHECK((all[2].layer_begin == 2 && all[2].layer_end == 4 && all[2].heads == 2 && groups_of(all[2]) == std::vector<int>{4}));
+  const std::vector<int> one = {1};
+  const dc::LayerRanges some = dc::layer_range_groups(f, one);
+  REQUIRE(some.size() == 1);
+  CHECK(groups_of(some[0]) == std::vector<int>{1, 3});
+  const std::vector<int> partial = {2};  // the group over layers 2-3 is not inside layer 2 alone
+  CHECK(dc::layer_range_groups(f, partial).empty());
+  dc::LayerRanges moved = dc::layer_range_groups(f, {});  // a move keeps the views valid
+  const dc::LayerRanges kept = std::move(moved);
+  CHECK(groups_of(kept[0]) == std::vector<int>{0, 2, 5});
+}
+
 TEST_CASE("layer_last_alpha: the newest query's mass averaged over a layer's KV heads, matched by position") {
   // Head granularity, 2 layers x 3 KV heads; the heads of a layer hold different positions (per-
   // head keep-sets): head h of layer l keeps the positions p < 10 with p % 3 != h, and its newest-

@@ -76,7 +76,7 @@ class LayerRanges;
 inline LayerRanges layer_range_groups(const TokenFeatures& f, std::span<const int> layers);
 
 // Every range of layer_range_groups, in the order of their first group, and the group indices
-// their views read, range after range. Three allocations for the whole set: one vector per
+// their views read, range after range: two vectors for the whole set, where one vector per
 // range (about a hundred small allocations on SmolLM2, with their growth) took 10-15 us of an
 // eviction at B = 512 of 2048, where the compaction before it has left the allocator's memory
 // cold (3 us in a warm loop). Move-only, so that no copy's views point into another object
