@@ -60,6 +60,15 @@ int main(int argc, char** argv) {
     const int depth_before = policy.layer_rules_depth();
     std::string derived = "the file " + from_path;
     auto note = [&](const std::string& what) { derived += (derived.find(" with ") == std::string::npos ? " with " : ", ") + what; };
+    // Every share of the budget this command replaces is cleared before any is set, so that each
+    // setter's check (window + reserves + pins below the budget) meets a state no larger than the
+    // final one: a wider window with a smaller reserve is accepted in one command, as its result is.
+    const auto pins_before = policy.newest_query_pins();
+    const auto pin_layers_before = policy.newest_query_pin_layers();
+    const bool pins_change = !pins_arg.empty() || !pin_layers_arg.empty();
+    if (pins_change) policy.set_newest_query_pins({}, {});
+    if (!reserve_elsewhere_arg.empty()) policy.set_newest_query_reserve_elsewhere({});
+    if (!reserve_arg.empty()) policy.set_newest_query_reserve(std::vector<dc::SchedulePoint>());
     if (recent_fraction >= 0.0) {
       policy.set_recent_fraction(recent_fraction);
       note("recent_fraction " + std::to_string(recent_fraction));
@@ -72,8 +81,7 @@ int main(int argc, char** argv) {
              "--model-layers ", model_layers, ": '", from_path, "' holds rules for a model of ", depth_before,
              " layers (give --layer-budget-weights too, to replace its weights)");
     if (model_layers > 0 && layer_weights_arg.empty()) policy.set_layer_rules_depth(model_layers);
-    // The reserve elsewhere needs reserve layers: cleared before they change, set after.
-    if (!reserve_elsewhere_arg.empty()) policy.set_newest_query_reserve_elsewhere({});
+    // (The reserve elsewhere needs reserve layers: cleared above, before they change, set after.)
     if (!reserve_layers_arg.empty()) {
       policy.set_newest_query_reserve_layers(dc::parse_layer_list(reserve_layers_arg));
       note("newest_query_reserve_layers " + reserve_layers_arg);
@@ -84,9 +92,9 @@ int main(int argc, char** argv) {
     }
     DC_CHECK(policy.newest_query_reserve_layers().empty() || !policy.newest_query_reserve().empty(),
              "--newest-query-reserve-layers needs a newest-query reserve (the file has none; give --newest-query-reserve)");
-    if (!pins_arg.empty() || !pin_layers_arg.empty()) {
-      auto shares = pins_arg.empty() ? policy.newest_query_pins() : dc::parse_reserve_schedule(pins_arg, "newest-query pins");
-      auto guide = pin_layers_arg.empty() ? policy.newest_query_pin_layers() : dc::parse_layer_list(pin_layers_arg);
+    if (pins_change) {
+      auto shares = pins_arg.empty() ? pins_before : dc::parse_reserve_schedule(pins_arg, "newest-query pins");
+      auto guide = pin_layers_arg.empty() ? pin_layers_before : dc::parse_layer_list(pin_layers_arg);
       if (shares.empty()) {  // --newest-query-pins 0 removes them, guide layers and all
         DC_CHECK(pin_layers_arg.empty() || guide.empty(), "--newest-query-pin-layers needs pins (",
                  pins_arg.empty() ? "the file has none: give --newest-query-pins" : "--newest-query-pins 0 removes them", ")");
