@@ -11,12 +11,14 @@ comparison says little about what eviction keeps.
 
     python3 bench/task_vs_best.py new.csv old.csv [...] --policy "distillcache v10" \
         [--heuristics h2o,snapkv,streaming,tova,observed,knorm,expected] [--markdown] \
-        [--answers new_answers.csv]
+        [--answers new_answers.csv [--per-task]]
 
 With --answers (examples/eval --answers of a run that holds the policy and some heuristics), the
 policy is also compared prompt by prompt with each heuristic in that file, pooled over the tasks
 the full cache answers at least once: the mean paired score difference per prompt and its 95 %
 bootstrap interval (10000 resamples of the prompts, a fixed seed, so the interval reproduces).
+--per-task adds the same comparison for each task cell on its own (every task, its own seed), which
+is what tells a cell's deficit from noise.
 
 A (task, length, budget, policy) present in several files is taken from the first file that has
 it, so list the newest run first. Rows whose sample counts differ between the policy and a
@@ -63,7 +65,10 @@ def main():
     ap.add_argument("--heuristics", default=DEFAULT_HEURISTICS, help="comma-separated policy names")
     ap.add_argument("--markdown", action="store_true", help="print a markdown table")
     ap.add_argument("--answers", help="an examples/eval --answers file for prompt-by-prompt differences")
+    ap.add_argument("--per-task", action="store_true", help="with --answers: also each task cell on its own")
     args = ap.parse_args()
+    if args.per_task and not args.answers:
+        sys.exit("task_vs_best: --per-task needs --answers")
 
     rows = load(args.csv)
     heuristics = [h for h in args.heuristics.split(",") if h]
@@ -146,17 +151,32 @@ def main():
             for n in names))
     print("(* the best heuristic)")
     if args.answers:
-        paired(args.answers, args.policy, heuristics, rows, cells)
+        score = load_scores(args.answers)
+        paired(args.answers, score, args.policy, heuristics, rows, cells)
+        if args.per_task:
+            paired_per_task(args.answers, score, args.policy, heuristics, cells)
 
 
-def paired(path, policy, heuristics, rows, cells):
-    """Prompt-by-prompt differences of the policy's score minus each heuristic's in one answers file."""
-    score = defaultdict(dict)  # (task, length, budget, sample) -> {policy: score}
+def load_scores(path):
+    """(task, length, budget, sample) -> {policy: score} from an examples/eval --answers file."""
+    score = defaultdict(dict)
     with open(path, newline="") as f:
         for r in csv.DictReader(f):
             if r["score"] == "":
                 continue
             score[(r["task"], int(r["length"]), float(r["budget"]), int(r["sample"]))][r["policy"]] = float(r["score"])
+    return score
+
+
+def interval(d, rng):
+    """'mean [lo, hi] over n prompts (better, worse)': d's mean and its 95 % bootstrap interval."""
+    means = sorted(sum(rng.choice(d) for _ in d) / len(d) for _ in range(10000))
+    return (f"{sum(d) / len(d):+.3f} [{means[249]:+.3f}, {means[9749]:+.3f}] "
+            f"over {len(d)} prompts ({sum(x > 0 for x in d)} better, {sum(x < 0 for x in d)} worse)")
+
+
+def paired(path, score, policy, heuristics, rows, cells):
+    """Prompt-by-prompt differences of the policy's score minus each heuristic's in one answers file."""
     present = sorted({p for s in score.values() for p in s} & set(heuristics))
     if not present:
         print(f"\n{path}: no heuristic beside {policy}, no paired comparison")
@@ -169,11 +189,22 @@ def paired(path, policy, heuristics, rows, cells):
         for h in present:
             d = [s[policy] - s[h] for (t, l2, b2, _), s in sorted(score.items())
                  if l2 == length and b2 == budget and t in tasks and policy in s and h in s]
-            if not d:
-                continue
-            means = sorted(sum(rng.choice(d) for _ in d) / len(d) for _ in range(10000))
-            print(f"L={length} budget {budget:g} vs {h}: {sum(d) / len(d):+.3f} [{means[249]:+.3f}, {means[9749]:+.3f}] "
-                  f"over {len(d)} prompts ({sum(x > 0 for x in d)} better, {sum(x < 0 for x in d)} worse)")
+            if d:
+                print(f"L={length} budget {budget:g} vs {h}: {interval(d, rng)}")
+
+
+def paired_per_task(path, score, policy, heuristics, cells):
+    """The same per task cell (each with its own seed, so a cell's interval does not depend on the others)."""
+    present = sorted({p for s in score.values() for p in s} & set(heuristics))
+    if not present:
+        return
+    print(f"\nPaired per task cell ({path}):")
+    for task, length, budget in cells:
+        for h in present:
+            d = [s[policy] - s[h] for (t, l2, b2, _), s in sorted(score.items())
+                 if (t, l2, b2) == (task, length, budget) and policy in s and h in s]
+            if d:
+                print(f"{task} L={length} budget {budget:g} vs {h}: {interval(d, random.Random(0))}")
 
 
 if __name__ == "__main__":
