@@ -175,9 +175,14 @@ def interval(d, rng):
             f"over {len(d)} prompts ({sum(x > 0 for x in d)} better, {sum(x < 0 for x in d)} worse)")
 
 
+def heuristics_in(score, heuristics):
+    """The heuristics the answers file holds, sorted."""
+    return sorted({p for s in score.values() for p in s} & set(heuristics))
+
+
 def paired(path, score, policy, heuristics, rows, cells):
     """Prompt-by-prompt differences of the policy's score minus each heuristic's in one answers file."""
-    present = sorted({p for s in score.values() for p in s} & set(heuristics))
+    present = heuristics_in(score, heuristics)
     if not present:
         print(f"\n{path}: no heuristic beside {policy}, no paired comparison")
         return
@@ -195,7 +200,7 @@ def paired(path, score, policy, heuristics, rows, cells):
 
 def paired_per_task(path, score, policy, heuristics, cells):
     """The same per task cell (each with its own seed, so a cell's interval does not depend on the others)."""
-    present = sorted({p for s in score.values() for p in s} & set(heuristics))
+    present = heuristics_in(score, heuristics)
     if not present:
         return
     print(f"\nPaired per task cell ({path}):")

@@ -302,8 +302,8 @@ TEST_CASE("depth: the group's layer as a fraction of the model, the same at ever
 }
 
 TEST_CASE("layer_range_groups: a layer's groups wherever they stand, with its KV heads, inside the layers asked for") {
-  // Groups of two layers interleaved (layer 0 head 0, layer 1 head 0, layer 0 head 1, ...), one
-  // group covering layers 2-3 with two heads, and a layer whose groups hold no rows.
+  // Groups of two layers interleaved (layer 0 head 0, layer 1 head 0, layer 0 head 1, ...) and one
+  // group covering layers 2-3 with two heads; no rows (the ranges read only layers and heads).
   dc::TokenFeatures f;
   f.granularity = dc::Granularity::head;
   f.groups = {{0, 1, 0, 1, 0, 0}, {1, 2, 0, 1, 0, 0}, {0, 1, 1, 2, 0, 0}, {1, 2, 1, 2, 0, 0}, {2, 4, 0, 2, 0, 0},
