@@ -14,7 +14,8 @@ comparison says little about what eviction keeps.
         [--answers new_answers.csv [--per-task]]
 
 With --answers (examples/eval --answers of a run that holds the policy and some heuristics), the
-policy is also compared prompt by prompt with each heuristic in that file, pooled over the tasks
+policy is also compared prompt by prompt with each heuristic in that file (or files: --answers
+repeated pools runs on other prompts, such as another --seed's), pooled over the tasks
 the full cache answers at least once: the mean paired score difference per prompt and its 95 %
 bootstrap interval (10000 resamples of the prompts, a fixed seed, so the interval reproduces).
 --per-task adds the same comparison for each task cell on its own (every task, its own seed), which
@@ -64,7 +65,9 @@ def main():
     ap.add_argument("--policy", required=True, help="the policy column's value to compare")
     ap.add_argument("--heuristics", default=DEFAULT_HEURISTICS, help="comma-separated policy names")
     ap.add_argument("--markdown", action="store_true", help="print a markdown table")
-    ap.add_argument("--answers", help="an examples/eval --answers file for prompt-by-prompt differences")
+    ap.add_argument("--answers", action="append",
+                    help="an examples/eval --answers file for prompt-by-prompt differences; repeat it to pool runs "
+                         "of other prompts (e.g. one file per --seed): each file's samples count as prompts of their own")
     ap.add_argument("--per-task", action="store_true", help="with --answers: also each task cell on its own")
     args = ap.parse_args()
     if args.per_task and not args.answers:
@@ -152,19 +155,23 @@ def main():
     print("(* the best heuristic)")
     if args.answers:
         score = load_scores(args.answers)
-        paired(args.answers, score, args.policy, heuristics, rows, cells)
+        named = " + ".join(args.answers)
+        paired(named, score, args.policy, heuristics, rows, cells)
         if args.per_task:
-            paired_per_task(args.answers, score, args.policy, heuristics, cells)
+            paired_per_task(named, score, args.policy, heuristics, cells)
 
 
-def load_scores(path):
-    """(task, length, budget, sample) -> {policy: score} from an examples/eval --answers file."""
+def load_scores(paths):
+    """(task, length, budget, (file, sample)) -> {policy: score} from examples/eval --answers files:
+    sample s of the i-th file is prompt (i, s), so files of other seeds pool as distinct prompts."""
     score = defaultdict(dict)
-    with open(path, newline="") as f:
-        for r in csv.DictReader(f):
-            if r["score"] == "":
-                continue
-            score[(r["task"], int(r["length"]), float(r["budget"]), int(r["sample"]))][r["policy"]] = float(r["score"])
+    for i, path in enumerate(paths):
+        with open(path, newline="") as f:
+            for r in csv.DictReader(f):
+                if r["score"] == "":
+                    continue
+                key = (r["task"], int(r["length"]), float(r["budget"]), (i, int(r["sample"])))
+                score[key][r["policy"]] = float(r["score"])
     return score
 
 
