@@ -166,7 +166,9 @@ def load_scores(paths):
     sample s of the i-th file is prompt (i, s), so files of other seeds pool as distinct prompts."""
     score = defaultdict(dict)
     for i, path in enumerate(paths):
-        with open(path, newline="") as f:
+        # errors="replace": files written before examples/eval made its outputs valid UTF-8 can
+        # hold a generation cut inside a character; only the scores are read here.
+        with open(path, newline="", errors="replace") as f:
             for r in csv.DictReader(f):
                 if r["score"] == "":
                     continue

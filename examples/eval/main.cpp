@@ -159,6 +159,9 @@ int run_tasks(dc::Transformer<dc::cpu, W>& model, const dc::Tokenizer& tokenizer
       keep_sets.write(policy_names[pol], ran_at[pol * granularities.size() + g], fractions[s % budgets.size()],
                       prompt_index, cache);
     });
+  // The answers file holds what each policy generated, made valid UTF-8 (dc::valid_utf8: a
+  // generation cut at its token limit can end inside a character); the scores were taken on the
+  // model's own bytes.
   std::ofstream answers;
   if (!answers_path.empty()) {
     answers.open(answers_path);
@@ -186,13 +189,13 @@ int run_tasks(dc::Transformer<dc::cpu, W>& model, const dc::Tokenizer& tokenizer
       std::string expected;
       for (const auto& a : p.answers) expected += (expected.empty() ? "" : " ") + a;
       answers << p.task << ',' << p.length << ',' << p.sample << ",full cache,shared,1," << r.teacher_score << ','
-              << quoted(expected) << ',' << quoted(r.teacher_output) << '\n';
+              << quoted(expected) << ',' << quoted(dc::valid_utf8(r.teacher_output)) << '\n';
       for (std::size_t s = 0; s < per_sample; ++s) {
         const std::size_t pol = s / (granularities.size() * budgets.size());
         const std::size_t g = s / budgets.size() % granularities.size();
         answers << p.task << ',' << p.length << ',' << p.sample << ',' << policy_names[pol] << ','
                 << ran_at[pol * granularities.size() + g] << ',' << fractions[s % budgets.size()] << ','
-                << r.scores[s] << ',' << quoted(expected) << ',' << quoted(r.outputs[s]) << '\n';
+                << r.scores[s] << ',' << quoted(expected) << ',' << quoted(dc::valid_utf8(r.outputs[s])) << '\n';
       }
     }
   }
@@ -278,7 +281,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "chatml", "none"}));
   app.add_option("--words", words_path, "--task: word list for keys and cwe (one word a line)");
   app.add_option("--haystack", haystack_path, "--task: essay haystack text, a file or folder");
-  app.add_option("--answers", answers_path, "--task: write every sample's answers as CSV here");
+  app.add_option("--answers", answers_path, "--task: write every sample's answers as CSV here (each output as valid UTF-8: a byte outside a character reads U+FFFD)");
   app.add_option("--task-prompts", prompts_path, "--task: write every prompt as CSV here (token ids, expected "
                  "answers, output budget, stop tokens), before the first model call");
   if (const auto status = parse_command_line(app, argc, argv, "eval")) return *status;

@@ -396,6 +396,31 @@ TEST_CASE("malformed tokenizer data is rejected") {
   }
 }
 
+TEST_CASE("valid_utf8: valid text unchanged, each byte outside a valid character becomes U+FFFD") {
+  const std::string r = "\xef\xbf\xbd";  // U+FFFD
+  // Valid: ASCII, 2-, 3- and 4-byte characters, the largest code point, the last before surrogates.
+  for (const std::string s : {std::string("abc"), std::string("\xc3\xa9t\xe2\x82\xac"), std::string("\xf0\x9d\x84\x9e"),
+                              std::string("\xf4\x8f\xbf\xbf"), std::string("\xed\x9f\xbf"), std::string()})
+    CHECK(dc::valid_utf8(s) == s);
+  CHECK(dc::valid_utf8("Dei (\xd7\xa6\xd7") == "Dei (\xd7\xa6" + r);  // cut inside a character (seen in eval)
+  CHECK(dc::valid_utf8("a\xe2\x82") == "a" + r + r);                   // truncated, then a lone continuation
+  CHECK(dc::valid_utf8("\x80x") == r + "x");                            // a lone continuation byte
+  CHECK(dc::valid_utf8("\xc0\xaf") == r + r);                           // overlong '/'
+  CHECK(dc::valid_utf8("\xed\xa0\x80") == r + r + r);                   // a surrogate
+  CHECK(dc::valid_utf8("\xf4\x90\x80\x80") == r + r + r + r);           // past U+10FFFF
+  CHECK(dc::valid_utf8("\xff\xfe") == r + r);                           // never valid
+  // Random bytes: the result is a fixed point (valid), and no longer than 3 bytes per input byte.
+  std::mt19937 rng(7u);
+  for (int i = 0; i < 300; ++i) {
+    std::string s(std::size_t(rng() % 24), '\0');
+    for (char& c : s) c = char(rng() % 256);
+    CAPTURE(escaped(s));
+    const std::string v = dc::valid_utf8(s);
+    CHECK(dc::valid_utf8(v) == v);
+    CHECK(v.size() <= 3 * s.size());
+  }
+}
+
 TEST_CASE("encode speed on English text") {
   const dc::Tokenizer& tok = smollm2();
   const nlohmann::json doc = load_json("smollm2_cases.json");

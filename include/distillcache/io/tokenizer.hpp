@@ -289,6 +289,25 @@ struct StringHash {
 
 }  // namespace detail::tok
 
+// `text` with every byte that is not part of a valid UTF-8 character replaced by U+FFFD. Generated
+// text is the model's bytes: a byte-level tokenizer can stop inside a character (a generation cut
+// at its token limit) or emit a lone continuation byte, and a file other tools read as text (an
+// answers CSV, JSON) must hold valid UTF-8. Valid text comes back unchanged.
+inline std::string valid_utf8(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  const auto* p = reinterpret_cast<const unsigned char*>(text.data());
+  for (std::size_t i = 0; i < text.size();) {
+    const detail::tok::Utf8Char c = detail::tok::decode_utf8(p + i, text.size() - i);
+    if (c.cp == detail::tok::kInvalidCp)
+      detail::tok::append_utf8(out, 0xFFFD);
+    else
+      out.append(text.substr(i, c.len));
+    i += c.len;
+  }
+  return out;
+}
+
 class Tokenizer {
  public:
   explicit Tokenizer(TokenizerData data) : d_(std::move(data)) { build(); }
