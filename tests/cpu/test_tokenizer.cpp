@@ -399,7 +399,7 @@ TEST_CASE("malformed tokenizer data is rejected") {
 TEST_CASE("valid_utf8: valid text unchanged, each byte outside a valid character becomes U+FFFD") {
   const std::string r = "\xef\xbf\xbd";  // U+FFFD
   // Valid: ASCII, 2-, 3- and 4-byte characters, the largest code point, the last before surrogates.
-  for (const std::string s : {std::string("abc"), std::string("\xc3\xa9t\xe2\x82\xac"), std::string("\xf0\x9d\x84\x9e"),
+  for (const std::string& s : {std::string("abc"), std::string("\xc3\xa9t\xe2\x82\xac"), std::string("\xf0\x9d\x84\x9e"),
                               std::string("\xf4\x8f\xbf\xbf"), std::string("\xed\x9f\xbf"), std::string()})
     CHECK(dc::valid_utf8(s) == s);
   CHECK(dc::valid_utf8("Dei (\xd7\xa6\xd7") == "Dei (\xd7\xa6" + r);  // cut inside a character (seen in eval)
