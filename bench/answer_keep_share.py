@@ -7,7 +7,8 @@ compression, one row per policy, budget, prompt, layer and KV head). The answer 
 needle's value, a variable's name, a frequent word) are found in the prompt's context by
 decoding its token ids with the model's own vocabulary (read from the GGUF file, byte-level BPE
 as SmolLM2's: 'Ġ' is a space), and every token that overlaps an occurrence counts as an answer
-token. The share of those a keep-set holds, averaged over the KV heads and prompts, is printed
+token. The share of those the keep-sets hold (kept answer tokens over answer tokens, summed over
+KV heads and prompts) is printed
 per policy and layer, for every occurrence together and with --by-occurrence per occurrence rank
 (first written, second, ...), which tells a rule that keeps one needle of four from one that keeps them all.
 
@@ -16,6 +17,7 @@ per policy and layer, for every occurrence together and with --by-occurrence per
 Standard library only (no numpy), so it runs wherever the evaluator does.
 """
 import argparse
+import bisect
 import collections
 import csv
 import struct
@@ -65,8 +67,8 @@ def gguf_tokens(path):
     raise SystemExit(f"{path}: no tokenizer.ggml.tokens")
 
 
-def byte_level_text(token):
-    """A byte-level BPE token's text: its characters map back to bytes (GPT-2's table)."""
+def _byte_level_table():
+    """GPT-2's byte-level BPE alphabet: the character that stands for each byte."""
     printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
     table = {chr(b): b for b in printable}
     extra = 0
@@ -74,8 +76,16 @@ def byte_level_text(token):
         if b not in printable:
             table[chr(256 + extra)] = b
             extra += 1
+    return table
+
+
+_BYTE_OF_CHAR = _byte_level_table()
+
+
+def byte_level_text(token):
+    """A byte-level BPE token's text: its characters map back to bytes."""
     try:
-        return bytes(table[c] for c in token).decode("utf-8", errors="replace")
+        return bytes(_BYTE_OF_CHAR[c] for c in token).decode("utf-8", errors="replace")
     except KeyError:  # a special token such as <|im_start|>
         return token
 
@@ -88,13 +98,15 @@ def answer_positions(ids, context_tokens, answers, vocab):
     for t in texts:
         starts.append(len(text))
         text += t
-    ends = [s + len(t) for s, t in zip(starts, texts)]
     found = []
     for answer in answers:
         occurrences, at = [], text.find(answer)
         while at >= 0:
             stop = at + len(answer)
-            occurrences.append([p for p in range(len(texts)) if starts[p] < stop and ends[p] > at])
+            # The tokens overlapping [at, stop): from the one holding character `at` (the last
+            # start at or before it) to the last that starts before `stop`.
+            first, last = bisect.bisect_right(starts, at) - 1, bisect.bisect_left(starts, stop)
+            occurrences.append([p for p in range(first, last) if len(texts[p]) > 0])
             at = text.find(answer, stop)
         found.append(occurrences)
     return found
