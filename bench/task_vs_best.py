@@ -21,6 +21,15 @@ bootstrap interval (10000 resamples of the prompts, a fixed seed, so the interva
 --per-task adds the same comparison for each task cell on its own (every task, its own seed), which
 is what tells a cell's deficit from noise.
 
+With --fidelity (and --answers), the comparison is with the full cache's own answers instead
+of the right ones, which is what an eviction policy trained to stay close to the full cache aims
+at (a heuristic can score above the full cache: on fwe H2O's eviction of rare words helps the
+count): per (length, budget) and every task (those the full cache gets wrong too), each policy's
+share of outputs identical to the full cache's (as examples/eval's same_as_full) and its mean
+|score - full cache's score| per prompt, then the policy's paired lead on both over each
+heuristic (positive: closer to the full cache), with the same intervals; --per-task adds the
+task cells.
+
 A (task, length, budget, policy) present in several files is taken from the first file that has
 it, so list the newest run first. Rows whose sample counts differ between the policy and a
 heuristic are compared as rates and flagged.
@@ -69,9 +78,11 @@ def main():
                     help="an examples/eval --answers file for prompt-by-prompt differences; repeat it to pool runs "
                          "of other prompts (e.g. one file per --seed): each file's samples count as prompts of their own")
     ap.add_argument("--per-task", action="store_true", help="with --answers: also each task cell on its own")
+    ap.add_argument("--fidelity", action="store_true",
+                    help="with --answers: closeness to the full cache's answers (identical outputs, score difference)")
     args = ap.parse_args()
-    if args.per_task and not args.answers:
-        sys.exit("task_vs_best: --per-task needs --answers")
+    if (args.per_task or args.fidelity) and not args.answers:
+        sys.exit("task_vs_best: --per-task and --fidelity need --answers")
 
     rows = load(args.csv)
     heuristics = [h for h in args.heuristics.split(",") if h]
@@ -154,27 +165,32 @@ def main():
             for n in names))
     print("(* the best heuristic)")
     if args.answers:
-        score = load_scores(args.answers)
+        score, output = load_answers(args.answers)
         named = " + ".join(args.answers)
         paired(named, score, args.policy, heuristics, rows, cells)
         if args.per_task:
             paired_per_task(named, score, args.policy, heuristics, cells)
+        if args.fidelity:
+            fidelity(named, score, output, args.policy, heuristics, cells, args.per_task)
 
 
-def load_scores(paths):
-    """(task, length, budget, (file, sample)) -> {policy: score} from examples/eval --answers files:
-    sample s of the i-th file is prompt (i, s), so files of other seeds pool as distinct prompts."""
-    score = defaultdict(dict)
+def load_answers(paths):
+    """(task, length, budget, (file, sample)) -> {policy: score} and -> {policy: output} from
+    examples/eval --answers files: sample s of the i-th file is prompt (i, s), so files of other
+    seeds pool as distinct prompts."""
+    score, output = defaultdict(dict), defaultdict(dict)
     for i, path in enumerate(paths):
         # errors="replace": files written before examples/eval made its outputs valid UTF-8 can
-        # hold a generation cut inside a character; only the scores are read here.
+        # hold a generation cut inside a character (a replaced byte is replaced alike in every
+        # policy's output, so identical outputs stay identical).
         with open(path, newline="", errors="replace") as f:
             for r in csv.DictReader(f):
                 if r["score"] == "":
                     continue
                 key = (r["task"], int(r["length"]), float(r["budget"]), (i, int(r["sample"])))
                 score[key][r["policy"]] = float(r["score"])
-    return score
+                output[key][r["policy"]] = r["output"]
+    return score, output
 
 
 def interval(d, rng):
@@ -219,6 +235,53 @@ def paired_per_task(path, score, policy, heuristics, cells):
                  if (t, l2, b2) == (task, length, budget) and policy in s and h in s]
             if d:
                 print(f"{task} L={length} budget {budget:g} vs {h}: {interval(d, random.Random(0))}")
+
+
+def closeness(score, output, key, policy):
+    """(1 if the policy's output is the full cache's, -|its score - the full cache's|) for one
+    prompt, or None where the files lack either. The reference is the full cache's row at the same
+    budget ("full"; the evaluator writes the same answer there at every budget), else its row of
+    budget 1 ("full cache", all that some runs wrote)."""
+    s, o = score.get(key, {}), output.get(key, {})
+    if policy not in s:
+        return None
+    if "full" in s:
+        ref_score, ref_output = s["full"], o["full"]
+    else:
+        whole = (key[0], key[1], 1.0, key[3])
+        if "full cache" not in score.get(whole, {}):
+            return None
+        ref_score, ref_output = score[whole]["full cache"], output[whole]["full cache"]
+    return float(o[policy] == ref_output), -abs(s[policy] - ref_score)
+
+
+def fidelity(path, score, output, policy, heuristics, cells, per_task):
+    """Closeness to the full cache's answers per (length, budget) over every task, then the
+    policy's paired lead over each heuristic; per task cell too with per_task."""
+    present = heuristics_in(score, heuristics)
+    print(f"\nFidelity to the full cache's answers ({path}), every task: identical outputs, mean |score - full|")
+    groups = sorted({(c[1], c[2]) for c in cells})
+    keyed = [((l, b), None) for l, b in groups]
+    if per_task:
+        keyed += [((l, b), t) for t, l, b in sorted(cells, key=lambda c: (c[1], c[2], c[0]))]
+    for (length, budget), task in keyed:
+        keys = [k for k in sorted(score) if k[1] == length and k[2] == budget and (task is None or k[0] == task)
+                and k[0] in {t for t, l2, b2 in cells if (l2, b2) == (length, budget)}]
+        where = f"L={length} budget {budget:g}" + ("" if task is None else f" {task}")
+        line = []
+        for name in [policy] + present:
+            c = [x for x in (closeness(score, output, k, name) for k in keys) if x is not None]
+            if c:
+                line.append(f"{name} {sum(x[0] for x in c) / len(c):.3f} / {sum(-x[1] for x in c) / len(c):.3f}")
+        print(f"{where} ({len(keys)} prompts): " + ", ".join(line))
+        for h in present:
+            both = [(closeness(score, output, k, policy), closeness(score, output, k, h)) for k in keys]
+            both = [(m, o) for m, o in both if m is not None and o is not None]
+            if not both:
+                continue
+            rng = random.Random(0)
+            print(f"  {policy} - {h}: identical {interval([m[0] - o[0] for m, o in both], rng)}")
+            print(f"  {policy} - {h}: closeness {interval([m[1] - o[1] for m, o in both], rng)}")
 
 
 if __name__ == "__main__":

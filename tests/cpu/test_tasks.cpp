@@ -308,6 +308,49 @@ TEST_CASE("bad task input: unknown task, a length too short, protocol names") {
                        dc::Error);
 }
 
+TEST_CASE("task report: answers identical to the teacher's and the score gap, per student") {
+  // Two students over three samples of one cell, the answers and scores chosen so that the
+  // counts differ from the accuracies: student 0 answers as the teacher on samples 0 and 2
+  // (scoring as it) and differently on sample 1 with the same score; student 1 never answers as
+  // the teacher, scoring 1 where it scored 0 and 0.5 where it scored 1.
+  t::TaskPrompt p;
+  p.task = "fwe";
+  p.length = 1024;
+  p.context = {1, 2, 3};
+  const std::vector<dc::TaskSampleResult> samples = {
+      {"cat dog", 1.0, {"cat dog", "cat"}, {1.0, 0.5}},
+      {"emu", 0.0, {"owl", "yak"}, {0.0, 1.0}},
+      {"fox", 1.0, {"fox", "Fox"}, {1.0, 0.5}},
+  };
+  dc::TaskScores scores;
+  for (const auto& r : samples) scores.add(p, r);
+  const auto rows = dc::task_report(scores, {"a", "b"}, {"head", "head"}, {0.25});
+  REQUIRE(rows.size() == 2);
+  CHECK(rows[0].accuracy == doctest::Approx(2.0 / 3.0));
+  CHECK(rows[1].accuracy == doctest::Approx(2.0 / 3.0));  // as accurate as the first, never the teacher's answer
+  CHECK(rows[0].same_as_full == doctest::Approx(2.0 / 3.0));
+  CHECK(rows[1].same_as_full == 0.0);
+  CHECK(rows[0].score_gap == 0.0);
+  CHECK(rows[1].score_gap == doctest::Approx((0.5 + 1.0 + 0.5) / 3.0));
+  const dc::Interval w = dc::wilson_interval(2.0, 3.0);
+  CHECK(rows[0].same_interval.lo == w.lo);
+  CHECK(rows[0].same_interval.hi == w.hi);
+  CHECK(rows[1].same_interval.lo == 0.0);
+  CHECK(rows[1].same_interval.hi > 0.0);  // Wilson's interval is not empty at 0 of 3
+  std::ostringstream csv;
+  dc::write_task_csv(csv, rows, dc::TaskProtocol::query_aware);
+  const std::string text = csv.str();
+  const std::string header = text.substr(0, text.find('\n'));
+  const std::string added = "same_as_full,same_as_full_lo,same_as_full_hi,score_gap";
+  CHECK(header.substr(header.size() - added.size()) == added);
+  // The second row ends with student 1's share (0), its interval and its gap.
+  const std::string last = text.substr(text.rfind('\n', text.size() - 2) + 1);
+  CHECK(last.find(",0,0,") != std::string::npos);
+  dc::TaskSampleResult short_answers = samples[0];
+  short_answers.outputs.pop_back();
+  CHECK_THROWS_WITH_AS(scores.add(p, short_answers), doctest::Contains("1 answers for 2 scores"), dc::Error);
+}
+
 TEST_CASE("the suite on the tiny model: the full-cache student answers as the teacher") {
   dc::HfModel m = dc::load_hf_model(std::string(DC_FIXTURE_DIR) + "/tiny_mistral");
   m.config.max_position = 2048;  // random weights and RoPE: any position works; bytes need room
@@ -364,6 +407,10 @@ TEST_CASE("the suite on the tiny model: the full-cache student answers as the te
                                       {"shared", "head", "shared", "head", "shared", "head"}, {0.5});
     REQUIRE(rows.size() == 6);
     CHECK(rows[0].accuracy == rows[0].full_accuracy);
+    for (std::size_t g = 0; g < 2; ++g) {  // the full cache's students answer as the teacher
+      CHECK(rows[g].same_as_full == 1.0);
+      CHECK(rows[g].score_gap == 0.0);
+    }
     std::ostringstream csv, md;
     dc::write_task_csv(csv, rows, protocol);
     dc::write_task_markdown(md, rows, protocol);

@@ -212,7 +212,11 @@ class TaskSuite {
   static constexpr std::size_t kTeacher = std::size_t(-1);
 };
 
-// Scores summed over the samples of each (task, length): the teacher's and every student's.
+// Scores summed over the samples of each (task, length): the teacher's and every student's, and
+// how close each student's answers came to the teacher's. The method's aim is fidelity to the
+// full cache, which a task's accuracy alone does not show: an eviction can score above the full
+// cache (on fwe, H2O's eviction of rare words helps the count), and two policies can score alike
+// with different answers.
 class TaskScores {
  public:
   struct Cell {
@@ -222,6 +226,8 @@ class TaskScores {
     double teacher_sum = 0.0;
     std::int64_t prompt_tokens_sum = 0;
     std::vector<double> student_sum;
+    std::vector<int> student_same;        // samples whose answer is the teacher's, byte for byte
+    std::vector<double> student_gap_sum;  // |student's score - teacher's score|, summed
   };
 
   void add(const tasks::TaskPrompt& prompt, const TaskSampleResult& r) {
@@ -229,15 +235,22 @@ class TaskScores {
     for (auto& cell : cells_)
       if (cell.task == prompt.task && cell.length == prompt.length) c = &cell;
     if (!c) {
-      cells_.push_back(Cell{prompt.task, prompt.length, 0, 0.0, 0, std::vector<double>(r.scores.size(), 0.0)});
+      cells_.push_back(Cell{prompt.task, prompt.length, 0, 0.0, 0, std::vector<double>(r.scores.size(), 0.0),
+                            std::vector<int>(r.scores.size(), 0), std::vector<double>(r.scores.size(), 0.0)});
       c = &cells_.back();
     }
     DC_CHECK(c->student_sum.size() == r.scores.size(), "task scores: ", r.scores.size(), " students, earlier ",
              c->student_sum.size());
+    DC_CHECK(r.outputs.size() == r.scores.size(), "task scores: ", r.outputs.size(), " answers for ",
+             r.scores.size(), " scores");
     ++c->samples;
     c->teacher_sum += r.teacher_score;
     c->prompt_tokens_sum += prompt.prompt_tokens();
-    for (std::size_t i = 0; i < r.scores.size(); ++i) c->student_sum[i] += r.scores[i];
+    for (std::size_t i = 0; i < r.scores.size(); ++i) {
+      c->student_sum[i] += r.scores[i];
+      c->student_same[i] += r.outputs[i] == r.teacher_output ? 1 : 0;
+      c->student_gap_sum[i] += std::abs(r.scores[i] - r.teacher_score);
+    }
   }
   const std::vector<Cell>& cells() const { return cells_; }
 
@@ -248,6 +261,9 @@ class TaskScores {
 // One line of the report: a student's accuracy on one (task, length), its 95 % Wilson interval,
 // and relative to the teacher's accuracy on the same samples (the interval divided by it: the
 // teacher is the reference, not a second estimate). relative is NaN when the teacher scored 0.
+// Fidelity to the teacher: same_as_full, the share of samples whose answer is the teacher's byte
+// for byte (with its Wilson interval), and score_gap, the mean |score - teacher's score| (0 when
+// every answer scores as the teacher's, whether it is right or not).
 struct TaskReportRow {
   std::string task, policy, granularity;
   int length = 0, samples = 0;
@@ -255,6 +271,8 @@ struct TaskReportRow {
   double accuracy = 0.0, full_accuracy = 0.0;
   Interval interval, relative_interval;
   double relative = 0.0;
+  double same_as_full = 0.0, score_gap = 0.0;
+  Interval same_interval;
 };
 
 // labels[p]: policy p's name; ran_at[p * G + g]: the granularity policy p ran at for request g;
@@ -279,13 +297,17 @@ inline std::vector<TaskReportRow> task_report(const TaskScores& scores, const st
           r.granularity = ran_at[p * G + g];
           r.budget = budgets[b];
           r.mean_prompt_tokens = double(c.prompt_tokens_sum) / n;
-          const double sum = c.student_sum[(p * G + g) * budgets.size() + b];
+          const std::size_t s = (p * G + g) * budgets.size() + b;
+          const double sum = c.student_sum[s];
           r.accuracy = sum / n;
           r.full_accuracy = full;
           r.interval = wilson_interval(sum, n);
           r.relative = full > 0 ? r.accuracy / full : std::nan("");
           r.relative_interval = full > 0 ? Interval{r.interval.lo / full, r.interval.hi / full}
                                          : Interval{std::nan(""), std::nan("")};
+          r.same_as_full = double(c.student_same[s]) / n;
+          r.same_interval = wilson_interval(double(c.student_same[s]), n);
+          r.score_gap = c.student_gap_sum[s] / n;
           rows.push_back(r);
         }
   }
@@ -294,12 +316,14 @@ inline std::vector<TaskReportRow> task_report(const TaskScores& scores, const st
 
 inline void write_task_csv(std::ostream& os, const std::vector<TaskReportRow>& rows, TaskProtocol protocol) {
   os << "task,length,protocol,policy,granularity,budget,samples,mean_prompt_tokens,accuracy,accuracy_lo,"
-        "accuracy_hi,full_accuracy,relative,relative_lo,relative_hi\n";
+        "accuracy_hi,full_accuracy,relative,relative_lo,relative_hi,same_as_full,same_as_full_lo,same_as_full_hi,"
+        "score_gap\n";
   for (const auto& r : rows)
     os << r.task << ',' << r.length << ',' << protocol_name(protocol) << ',' << r.policy << ',' << r.granularity
        << ',' << r.budget << ',' << r.samples << ',' << r.mean_prompt_tokens << ',' << r.accuracy << ','
        << r.interval.lo << ',' << r.interval.hi << ',' << r.full_accuracy << ',' << r.relative << ','
-       << r.relative_interval.lo << ',' << r.relative_interval.hi << '\n';
+       << r.relative_interval.lo << ',' << r.relative_interval.hi << ',' << r.same_as_full << ','
+       << r.same_interval.lo << ',' << r.same_interval.hi << ',' << r.score_gap << '\n';
 }
 
 inline void write_task_markdown(std::ostream& os, const std::vector<TaskReportRow>& rows, TaskProtocol protocol) {
@@ -310,13 +334,14 @@ inline void write_task_markdown(std::ostream& os, const std::vector<TaskReportRo
     return std::string(buf);
   };
   os << "| task | length | protocol | policy | granularity | budget | samples | accuracy | 95% CI | full cache | "
-        "relative | 95% CI |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+        "relative | 95% CI | same answer as full | score gap |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const auto& r : rows)
     os << "| " << r.task << " | " << r.length << " | " << protocol_name(protocol) << " | " << r.policy << " | "
        << r.granularity << " | " << r.budget << " | " << r.samples << " | " << fixed(r.accuracy, 3) << " | ["
        << fixed(r.interval.lo, 3) << ", " << fixed(r.interval.hi, 3) << "] | " << fixed(r.full_accuracy, 3) << " | "
        << fixed(r.relative, 3) << " | [" << fixed(r.relative_interval.lo, 3) << ", "
-       << fixed(r.relative_interval.hi, 3) << "] |\n";
+       << fixed(r.relative_interval.hi, 3) << "] | " << fixed(r.same_as_full, 3) << " | " << fixed(r.score_gap, 3)
+       << " |\n";
 }
 
 }  // namespace dc
