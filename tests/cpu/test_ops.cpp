@@ -248,49 +248,53 @@ TEST_CASE("log_poly is within 2 ulps of ln x (plus 1e-7 near 1) over the float r
 TEST_CASE("attention equals an explicit masked softmax over a compacted cache") {
   // 3 query heads per KV head, window 6, cache slots holding non-contiguous positions (as after
   // eviction), different ones in each KV head (per-head keep-sets): the op must mask each head by
-  // its own positions, not by slot.
-  const dc::AttentionShape s{6, 2, 8, 6, 1.0f / std::sqrt(8.0f), 16};
-  const int len = 8;
-  std::vector<std::int32_t> key_pos(std::size_t(2) * s.capacity, -1);  // [kv_heads, capacity]
-  const std::int32_t head0[] = {0, 1, 4, 5, 7, 9, 10, 11}, head1[] = {0, 2, 3, 6, 8, 9, 10, 11};
-  std::copy(head0, head0 + len, key_pos.begin());
-  std::copy(head1, head1 + len, key_pos.begin() + s.capacity);
-  const std::vector<std::int32_t> query_pos{10, 11};
-  const int n = 2;
-  auto kc = random_vector(std::size_t(s.num_kv_heads) * s.capacity * s.head_dim, 4);
-  auto vc = random_vector(kc.size(), 5);
-  auto q = random_vector(std::size_t(n) * s.num_heads * s.head_dim, 6);
-  std::vector<float> out(q.size());
-  dc::attention(dc::Context<dc::cpu>{}, out.data(), q.data(), kc.data(), vc.data(), key_pos.data(),
-                len, query_pos.data(), n, s);
-  for (int t = 0; t < n; ++t)
-    for (int h = 0; h < s.num_heads; ++h) {
-      const int g = h / 3;
-      const std::int32_t* kp = key_pos.data() + std::size_t(g) * s.capacity;
-      std::vector<double> p(std::size_t(len), 0.0);
-      double m = -1e300, z = 0.0;
-      for (int j = 0; j < len; ++j) {
-        const bool visible = kp[j] <= query_pos[std::size_t(t)] && query_pos[std::size_t(t)] - kp[j] < 6;
-        if (!visible) continue;
-        double dot = 0.0;
-        for (int i = 0; i < s.head_dim; ++i)
-          dot += double(q[(std::size_t(t) * s.num_heads + h) * s.head_dim + i]) *
-                 kc[(std::size_t(g) * s.capacity + j) * s.head_dim + i];
-        p[std::size_t(j)] = dot * s.scale;
-        m = std::max(m, p[std::size_t(j)]);
+  // its own positions, not by slot. Head dims 8 and 18 (no multiple of 4 or 8: the CPU oracle of
+  // the CUDA tests' padded head dims).
+  for (const int head_dim : {8, 18}) {
+    CAPTURE(head_dim);
+    const dc::AttentionShape s{6, 2, head_dim, 6, 1.0f / std::sqrt(float(head_dim)), 16};
+    const int len = 8;
+    std::vector<std::int32_t> key_pos(std::size_t(2) * s.capacity, -1);  // [kv_heads, capacity]
+    const std::int32_t head0[] = {0, 1, 4, 5, 7, 9, 10, 11}, head1[] = {0, 2, 3, 6, 8, 9, 10, 11};
+    std::copy(head0, head0 + len, key_pos.begin());
+    std::copy(head1, head1 + len, key_pos.begin() + s.capacity);
+    const std::vector<std::int32_t> query_pos{10, 11};
+    const int n = 2;
+    auto kc = random_vector(std::size_t(s.num_kv_heads) * s.capacity * s.head_dim, 4);
+    auto vc = random_vector(kc.size(), 5);
+    auto q = random_vector(std::size_t(n) * s.num_heads * s.head_dim, 6);
+    std::vector<float> out(q.size());
+    dc::attention(dc::Context<dc::cpu>{}, out.data(), q.data(), kc.data(), vc.data(), key_pos.data(),
+                  len, query_pos.data(), n, s);
+    for (int t = 0; t < n; ++t)
+      for (int h = 0; h < s.num_heads; ++h) {
+        const int g = h / 3;
+        const std::int32_t* kp = key_pos.data() + std::size_t(g) * s.capacity;
+        std::vector<double> p(std::size_t(len), 0.0);
+        double m = -1e300, z = 0.0;
+        for (int j = 0; j < len; ++j) {
+          const bool visible = kp[j] <= query_pos[std::size_t(t)] && query_pos[std::size_t(t)] - kp[j] < 6;
+          if (!visible) continue;
+          double dot = 0.0;
+          for (int i = 0; i < s.head_dim; ++i)
+            dot += double(q[(std::size_t(t) * s.num_heads + h) * s.head_dim + i]) *
+                   kc[(std::size_t(g) * s.capacity + j) * s.head_dim + i];
+          p[std::size_t(j)] = dot * s.scale;
+          m = std::max(m, p[std::size_t(j)]);
+        }
+        for (int j = 0; j < len; ++j) {
+          const bool visible = kp[j] <= query_pos[std::size_t(t)] && query_pos[std::size_t(t)] - kp[j] < 6;
+          p[std::size_t(j)] = visible ? std::exp(p[std::size_t(j)] - m) : 0.0;
+          z += p[std::size_t(j)];
+        }
+        for (int i = 0; i < s.head_dim; ++i) {
+          double ref = 0.0;
+          for (int j = 0; j < len; ++j)
+            ref += p[std::size_t(j)] / z * vc[(std::size_t(g) * s.capacity + j) * s.head_dim + i];
+          CHECK(std::fabs(ref - out[(std::size_t(t) * s.num_heads + h) * s.head_dim + i]) < 1e-5);
+        }
       }
-      for (int j = 0; j < len; ++j) {
-        const bool visible = kp[j] <= query_pos[std::size_t(t)] && query_pos[std::size_t(t)] - kp[j] < 6;
-        p[std::size_t(j)] = visible ? std::exp(p[std::size_t(j)] - m) : 0.0;
-        z += p[std::size_t(j)];
-      }
-      for (int i = 0; i < s.head_dim; ++i) {
-        double ref = 0.0;
-        for (int j = 0; j < len; ++j)
-          ref += p[std::size_t(j)] / z * vc[(std::size_t(g) * s.capacity + j) * s.head_dim + i];
-        CHECK(std::fabs(ref - out[(std::size_t(t) * s.num_heads + h) * s.head_dim + i]) < 1e-5);
-      }
-    }
+  }
 }
 
 namespace {

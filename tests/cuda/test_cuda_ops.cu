@@ -288,6 +288,9 @@ TEST_CASE("cuda attention matches the CPU: decode, chunks, windows, GQA, compact
       {"decode, len 5, GQA 4, hd 128", 1, 5, 8, 2, 128, 0, false},
       {"decode, len 37, GQA 3, hd 64, window 8", 1, 37, 6, 2, 64, 8, false},
       {"decode, unaligned cache, GQA 4, hd 128", 1, 700, 8, 2, 128, 0, false, 1},
+      // A head dim that is no multiple of 4: partial rows not 16-byte aligned, so the split
+      // combine takes its scalar variant (every other case has a multiple of 4).
+      {"decode, GQA 3, hd 18 (padded, scalar combine)", 1, 3000, 6, 2, 18, 0, false},
   };
   for (const auto& c : cases) check_attention(c);
 }
@@ -879,6 +882,7 @@ TEST_CASE("cuda attention statistics match the CPU: decode, chunks, windows, GQA
       {"decode, GQA 8, hd 128, window 1000", 1, 5000, 16, 2, 128, 1000, false, 0},
       {"decode, GQA 6 (8 wide), hd 64, compacted", 1, 3000, 12, 2, 64, 0, true, 0},
       {"decode, len 3, MHA, hd 64", 1, 3, 2, 2, 64, 0, false, 0},
+      {"decode, GQA 3, hd 18 (padded, scalar combine)", 1, 3000, 6, 2, 18, 0, false, 0},
   };
   for (const auto& c : cases) check_attention_stats(c);
 }
@@ -901,6 +905,10 @@ TEST_CASE("cuda attention over a bf16 cache matches the CPU's, statistics includ
       {"decode, MHA, hd 128, compacted, observed", 1, 2000, 4, 4, 128, 0, true, 0},
       {"decode, GQA 3 (4 wide), hd 64, window 100, observed", 1, 2000, 6, 2, 64, 100, false, 0},
       {"decode, len 9, GQA 4, hd 128, observed", 1, 9, 8, 2, 128, 0, false, 0},
+      // The widest group at the widest row (the instantiation with the most registers live) and
+      // a group of one at hd 64 (8 lanes a key, one head each).
+      {"decode, GQA 8, hd 128, observed", 1, 3000, 16, 2, 128, 0, false, 0},
+      {"decode, MHA, hd 64, observed", 1, 2000, 2, 2, 64, 0, false, 0},
   };
   for (const auto& c : cases) check_attention_stats<dc::bf16>(c);
 }
