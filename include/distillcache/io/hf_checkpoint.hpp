@@ -4,10 +4,8 @@
 // model.safetensors.index.json. Every expected tensor is looked up by its HF name (see
 // for_each_weight), so errors name the tensor the user can find in their checkpoint.
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <memory>
-#include <sstream>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -17,6 +15,7 @@
 #include "../math/rmsnorm.hpp"
 #include "../model/config.hpp"
 #include "../model/weights.hpp"
+#include "detail/json_file.hpp"
 #include "detail/json_text.hpp"
 #include "hf_config.hpp"
 #include "safetensors.hpp"
@@ -80,16 +79,7 @@ class HfWeightSource {
  private:
   void read_index(const std::filesystem::path& folder, const std::filesystem::path& index) {
     const std::string source = index.string();
-    std::ifstream in(index);
-    DC_CHECK(in.is_open(), source, ": cannot open");
-    std::stringstream text;
-    text << in.rdbuf();
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(text.str());
-    } catch (const nlohmann::json::exception& e) {
-      DC_FAIL(source, ": not valid JSON: ", e.what());
-    }
+    const nlohmann::json j = detail::read_json_file(index);
     DC_CHECK(j.is_object() && j.contains("weight_map") && j.at("weight_map").is_object(), source,
              ": field 'weight_map' missing or not an object");
     for (const auto& [tensor, shard_json] : j.at("weight_map").items()) {

@@ -9,9 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
-#include <fstream>
 #include <limits>
-#include <sstream>
 #include <string>
 #include <string_view>
 
@@ -20,6 +18,7 @@
 #include "../core/error.hpp"
 #include "../model/config.hpp"
 #include "detail/hf_config_reader.hpp"
+#include "detail/json_file.hpp"
 #include "detail/json_text.hpp"
 #include "hf_config_gemma3.hpp"
 
@@ -84,18 +83,7 @@ inline ModelConfig parse_hf_config(const nlohmann::json& j, std::string_view sou
 }
 
 inline ModelConfig load_hf_config(const std::filesystem::path& config_json) {
-  const std::string source = config_json.string();
-  std::ifstream in(config_json);
-  DC_CHECK(in.is_open(), source, ": cannot open");
-  std::stringstream text;
-  text << in.rdbuf();
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text.str());
-  } catch (const nlohmann::json::exception& e) {
-    DC_FAIL(source, ": not valid JSON: ", e.what());
-  }
-  return parse_hf_config(j, source);
+  return parse_hf_config(detail::read_json_file(config_json), config_json.string());
 }
 
 }  // namespace dc
