@@ -334,7 +334,8 @@ inline void write_task_markdown(std::ostream& os, const std::vector<TaskReportRo
     return std::string(buf);
   };
   os << "| task | length | protocol | policy | granularity | budget | samples | accuracy | 95% CI | full cache | "
-        "relative | 95% CI | same answer as full | score gap |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+        "relative | 95% CI | same answer as full | score gap |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const auto& r : rows)
     os << "| " << r.task << " | " << r.length << " | " << protocol_name(protocol) << " | " << r.policy << " | "
        << r.granularity << " | " << r.budget << " | " << r.samples << " | " << fixed(r.accuracy, 3) << " | ["
