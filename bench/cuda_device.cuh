@@ -3,6 +3,7 @@
 // use it; a machine with nvcc but no GPU or driver says so with a skip line, and the benchmark
 // exits 0), the GPU's peak memory bandwidth, and random fills made on the device (gigabytes of
 // weights or cache in milliseconds, where a host generator would take minutes).
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 
@@ -29,6 +30,21 @@ inline double peak_bandwidth() {
   DC_CUDA_CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, device));
   DC_CUDA_CHECK(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device));
   return 2.0 * clock_khz * 1e3 * bus_bits / 8.0;
+}
+
+// Device memory still free, in bytes.
+inline double free_device_bytes() {
+  std::size_t free = 0, total = 0;
+  DC_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  return double(free);
+}
+
+// Device bytes of a cache of `capacity` slots shaped as `like` (K and V in its storage type,
+// statistics rows and positions).
+inline double cache_bytes(const dc::KVCache<dc::cuda>& like, int capacity) {
+  const double kv_element = like.kv_type() == dc::DType::bf16 ? 2.0 : 4.0;
+  const double per_slot = 2.0 * like.head_dim() * kv_element + like.stat_rows() * 4.0 + 4.0;
+  return double(like.num_layers()) * like.num_kv_heads() * capacity * per_slot;
 }
 
 // p[i] = uniform in [lo, hi) from a hash of (seed, i), stored as T (float or bf16).

@@ -5,7 +5,8 @@
 #
 #   quick     every CUDA test once (CPU oracles) and bench_cuda (the tiny model, one Mistral layer)
 #   long      bench_cuda_long: Mistral-7B-v0.3's shape at 32k context, S = 1 and 16, full cache
-#             against 25 % (about 95 GB of GPU memory), then bench/gpu_long_summary.py
+#             against 25 % (the full cache at S = 16 needs about 93 GB of GPU memory: on an
+#             80 GB H100 that row reports so and the others run), then bench/gpu_long_summary.py
 #   profile   one decode step of bench_cuda_long (full cache, S = 1 and 16; 25 % at S = 1) and one
 #             in-place eviction under
 #             Nsight Compute: every kernel's device time and DRAM bytes, bench/ncu_summary.py

@@ -382,6 +382,58 @@ TEST_CASE("EvictingDecoder keeps the cache within B (+ chunk) and its bytes matc
   CHECK(once.evictions() == 1);
 }
 
+TEST_CASE("EvictingDecoder gives the evicted slots' memory back, with the logits of evicting in the full reservation") {
+  dc::HfModel m = dc::load_hf_model(kFixtures + "/tiny_mistral");
+  dc::Transformer<dc::cpu> model(m.config, std::move(m.weights), 8);
+  const auto tokens = fixture_tokens("tiny_mistral");
+  std::vector<std::int32_t> ids(tokens.begin(), tokens.end());
+  REQUIRE(ids.size() >= 24);
+  dc::H2OPolicy policy;
+  dc::Budget budget = dc::Budget::of_fraction(0.25);
+  budget.chunk = 3;
+  const int prompt = 16, new_tokens = 8, b = budget.resolve(prompt);
+  dc::EvictingDecoder<dc::cpu> dec(model, policy, budget, dc::EvictionMode::decode, prompt, new_tokens,
+                                   dc::Granularity::head);
+  CHECK(dec.cache().capacity() == prompt + new_tokens);
+  dec.prefill(std::span(ids).first(std::size_t(prompt)));
+  // What decoding can reach: the compressed length plus every token still allowed.
+  CHECK(dec.cache().capacity() == b + new_tokens);
+  CHECK(dec.cache().bytes_reserved() == std::size_t(b + new_tokens) * m.config.num_layers *
+                                             dec.cache().bytes_per_slot_layer());
+
+  // The oracle: the same steps by hand in a cache that keeps its whole reservation.
+  dc::KVCache<dc::cpu> cache = model.make_cache(prompt + new_tokens);
+  cache.set_observed_from(policy.observation_start(prompt));
+  cache.collect_queries(policy.query_statistics(), m.config.rope_theta);
+  std::vector<float> logits(std::size_t(m.config.vocab_size));
+  model.forward(std::span(ids).first(std::size_t(prompt)), cache, std::span<float>(logits));
+  cache.set_observed_from(0);
+  dc::TokenFeatures f;
+  auto evict = [&] {
+    dc::gather_features_into(f, model.context(), cache, dc::Granularity::head);
+    std::vector<float> scores(std::size_t(f.size));
+    policy.score(f, b, scores);
+    dc::compact_groups(model.context(), cache, f, dc::select_keep_groups(scores, f, b));
+  };
+  evict();
+  CHECK(dec.logits().size() == logits.size());
+  CHECK(std::equal(logits.begin(), logits.end(), dec.logits().begin()));
+  for (int t = prompt; t < prompt + new_tokens; ++t) {
+    model.forward(std::span(ids).subspan(std::size_t(t), 1), cache, std::span<float>(logits));
+    if (cache.evictable_length() >= b + budget.chunk) evict();
+    dec.step(ids[std::size_t(t)]);
+    CAPTURE(t);
+    CHECK(std::equal(logits.begin(), logits.end(), dec.logits().begin()));
+    CHECK(dec.cache().length() == cache.length());
+  }
+  CHECK(dec.evictions() == 1 + new_tokens / budget.chunk);
+
+  // The next prompt has the whole reservation again.
+  dec.prefill(std::span(ids).first(std::size_t(prompt)));
+  CHECK(dec.cache().capacity() == b + new_tokens);
+  CHECK(dec.cache().length() == b);
+}
+
 TEST_CASE("the default chunk grows with the budget: B / 64 tokens, at least 16; a set chunk wins") {
   dc::Budget budget = dc::Budget::of_tokens(1280);
   CHECK(budget.chunk_for(8) == 16);

@@ -90,6 +90,15 @@ TEST_CASE("cuda rmsnorm matches the CPU, also in place") {
     CHECK(normalised_error(download(ctx, y_d), want) < 1e-5f);
     dc::rmsnorm(ctx, x_d.data(), x_d.data(), w_d.data(), n, d, 1e-5f);
     CHECK(normalised_error(download(ctx, x_d), want) < 1e-5f);
+    // Rows one float past 16-byte alignment: a width the 16-byte path takes (64, 4096) must fall
+    // back to the scalar one here.
+    std::vector<float> shifted(x.size() + 1, 0.0f);
+    std::copy(x.begin(), x.end(), shifted.begin() + 1);
+    auto shifted_d = upload(ctx, shifted);
+    dc::Tensor<float, dc::cuda> y_shifted_d(dc::Shape{std::int64_t(n) * d + 1});
+    dc::rmsnorm(ctx, y_shifted_d.data() + 1, shifted_d.data() + 1, w_d.data(), n, d, 1e-5f);
+    const auto y_shifted = download(ctx, y_shifted_d);
+    CHECK(normalised_error(std::vector<float>(y_shifted.begin() + 1, y_shifted.end()), want) < 1e-5f);
   }
 }
 
@@ -143,13 +152,16 @@ TEST_CASE("cuda matmul (GEMV and cuBLAS paths, float and bf16) matches the CPU")
 TEST_CASE("cuda matmul_shared_input equals one matmul per matrix, bit for bit") {
   // One GEMV launch over several matrices (n within the GEMV's rows) or one cuBLAS call each:
   // either way every output row is computed as a single matmul computes it. Odd row counts end
-  // blocks part-way; an empty output is skipped.
+  // blocks part-way; an empty output is skipped. Inputs of 2600 and 2054 span several k-tiles
+  // and end in a partial one (2054: the one-element path, no 16-byte loads); n = 8 is the
+  // float GEMV's widest.
   Gpu ctx;
-  const int in = 256;
   const int outs[3] = {100, 0, 37};
   auto check = [&](auto tag) {
     using W = decltype(tag);
-    for (const int n : {1, 3, 9}) {
+    for (const int in : {256, 2600, 2054})
+    for (const int n : {1, 3, 8, 9}) {
+      CAPTURE(in);
       CAPTURE(n);
       auto x_d = upload(ctx, random_vector(std::size_t(n) * in, 500));
       std::vector<dc::Tensor<W, dc::cuda>> w_d;
