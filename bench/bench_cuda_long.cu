@@ -196,7 +196,8 @@ void decode_full(benchmark::State& state, Setup& setup) {
     const int sequences = int(state.range(0));
     // S whole 32k caches: 74 GB at S = 16, more than an 80 GB GPU has left beside the weights.
     // Said plainly, not as an allocation failure part-way.
-    const double needed = sequences * dc_bench::cache_bytes(*setup.prompt, kContext + kSteps);
+    const double needed = double(sequences) * (kContext + kSteps) * cfg.num_layers *
+                          double(setup.prompt->bytes_per_slot_layer());
     const double free = dc_bench::free_device_bytes();
     if (needed > 0.97 * free) {
       state.SkipWithError(("the full cache at S = " + std::to_string(sequences) + " needs " +

@@ -39,14 +39,6 @@ inline double free_device_bytes() {
   return double(free);
 }
 
-// Device bytes of a cache of `capacity` slots shaped as `like` (K and V in its storage type,
-// statistics rows and positions).
-inline double cache_bytes(const dc::KVCache<dc::cuda>& like, int capacity) {
-  const double kv_element = like.kv_type() == dc::DType::bf16 ? 2.0 : 4.0;
-  const double per_slot = 2.0 * like.head_dim() * kv_element + like.stat_rows() * 4.0 + 4.0;
-  return double(like.num_layers()) * like.num_kv_heads() * capacity * per_slot;
-}
-
 // p[i] = uniform in [lo, hi) from a hash of (seed, i), stored as T (float or bf16).
 template <class T>
 __global__ void fill_uniform_kernel(T* p, std::int64_t n, float lo, float hi, std::uint64_t seed) {
