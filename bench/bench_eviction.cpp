@@ -235,7 +235,7 @@ void evict_decode_chunk(benchmark::State& state) {
   dc::EvictionPolicy& policy = chosen_policy(long(state.range(1)), h2o);
   std::vector<int> layer_budgets;
   const auto full = decode_chunk_cache(model, policy, budget, chunk, context, layout, kv_type, layer_budgets);
-  auto cache = model.make_cache(full.capacity(), kv_type);
+  auto cache = model.make_cache(std::span<const int>(full.capacities()), kv_type);
   std::vector<float> scores;
   // Wall time of each phase, summed over the iterations: which one an optimisation must target.
   double gather_s = 0, score_s = 0, select_s = 0, compact_s = 0;

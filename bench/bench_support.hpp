@@ -21,7 +21,7 @@ inline void fill_cache(dc::KVCache<dc::cpu>& cache, int context) {
   cache.append(ctx, context);
   std::uint64_t s = 7;
   for (int l = 0; l < cache.num_layers(); ++l) {
-    const std::size_t n = std::size_t(cache.num_kv_heads()) * cache.capacity() * cache.head_dim();
+    const std::size_t n = std::size_t(cache.num_kv_heads()) * cache.capacity(l) * cache.head_dim();
     cache.with_kv(l, [&](auto* keys, auto* values) {  // fp32 or bf16 storage
       using T = std::remove_pointer_t<decltype(keys)>;
       for (std::size_t i = 0; i < n; ++i) {
@@ -32,7 +32,7 @@ inline void fill_cache(dc::KVCache<dc::cpu>& cache, int context) {
     });
     // Statistics differ per KV head and slot, so per-head policies choose different keep-sets
     // (with all-equal statistics every head would pick the same slots and compaction less).
-    const std::size_t rows = std::size_t(cache.num_kv_heads()) * cache.stat_rows() * cache.capacity();
+    const std::size_t rows = std::size_t(cache.num_kv_heads()) * cache.stat_rows() * cache.capacity(l);
     for (std::size_t i = 0; i < rows; ++i) {
       s = s * 6364136223846793005ull + 1442695040888963407ull;
       cache.stats(l)[i] = float(s >> 40) * 0x1p-24f;

@@ -229,6 +229,12 @@ std::vector<BadInput> bad_inputs(const dc_test::TempDir& tmp) {
     auto cache = model.make_cache(4);
     model.forward(prompt(5), cache);
   }, "KV cache full");
+  add("forward", "more tokens than one layer of the cache holds", [&] {
+    std::vector<int> capacities(std::size_t(cfg.num_layers), 8);
+    capacities.back() = 3;
+    auto cache = model.make_cache(std::span<const int>(capacities));
+    model.forward(prompt(5), cache);
+  }, "exceed capacity 3 of layer");
   add("make_cache", "context longer than the model supports", [&] { model.make_cache(cfg.max_position + 1); },
       "exceeds the model's max_position");
   add("forward", "cache made for another model", [&] {
@@ -253,6 +259,12 @@ std::vector<BadInput> bad_inputs(const dc_test::TempDir& tmp) {
 
   // ---- KV cache -----------------------------------------------------------------------------
   add("KVCache", "capacity 0", [&] { dc::KVCache<dc::cpu>(dc::cache_shape_of(cfg), 0); }, "capacity must be positive");
+  add("KVCache", "layer capacities not one per layer",
+      [&] { dc::KVCache<dc::cpu>(dc::CacheShape{3, 2, 2, 4, 0, {}}, std::vector<int>{8, 8}); },
+      "2 layer capacities for 3 layers");
+  add("KVCache", "one layer's capacity 0",
+      [&] { dc::KVCache<dc::cpu>(dc::CacheShape{3, 2, 2, 4, 0, {}}, std::vector<int>{8, 0, 8}); },
+      "capacity must be positive, got 0 in layer 1");
   add("KVCache", "query heads not a multiple of kv heads", [&] { dc::KVCache<dc::cpu>(dc::CacheShape{2, 3, 2, 4, 0, {}}, 4); },
       "3 query heads are not a multiple of 2 kv heads");
   add("KVCache", "layer windows not one per layer", [&] { dc::KVCache<dc::cpu>(dc::CacheShape{2, 2, 2, 4, 0, {8}}, 4); },

@@ -42,14 +42,14 @@ bool same_cache(const dc::KVCache<dc::cpu>& a, const dc::KVCache<dc::cpu>& b) {
       if (a.host_positions(l, h) != b.host_positions(l, h)) return false;
       const std::size_t kv = std::size_t(a.length(l)) * std::size_t(a.head_dim());
       const auto at = [&](const float* base, const dc::KVCache<dc::cpu>& c) {
-        return std::span<const float>(base + std::size_t(h) * std::size_t(c.capacity()) * std::size_t(c.head_dim()), kv);
+        return std::span<const float>(base + std::size_t(h) * std::size_t(c.capacity(l)) * std::size_t(c.head_dim()), kv);
       };
       if (!same_bits(at(a.keys(l), a), at(b.keys(l), b)) || !same_bits(at(a.values(l), a), at(b.values(l), b)))
         return false;
       for (int r = 0; r < a.stat_rows(); ++r) {
         const auto stats = [&](const dc::KVCache<dc::cpu>& c) {
           return std::span<const float>(
-              c.stats(l) + (std::size_t(h) * std::size_t(c.stat_rows()) + std::size_t(r)) * std::size_t(c.capacity()),
+              c.stats(l) + (std::size_t(h) * std::size_t(c.stat_rows()) + std::size_t(r)) * std::size_t(c.capacity(l)),
               std::size_t(c.length(l)));
         };
         if (!same_bits(stats(a), stats(b))) return false;
@@ -89,7 +89,7 @@ struct Sequences {
   Sequences copy(dc::Transformer<dc::cpu>& model) const {
     Sequences out;
     for (const auto& c : caches) {
-      out.caches.push_back(std::make_unique<dc::KVCache<dc::cpu>>(c->shape(), c->capacity()));
+      out.caches.push_back(std::make_unique<dc::KVCache<dc::cpu>>(c->shape(), std::span<const int>(c->capacities())));
       out.caches.back()->copy_from(model.context(), *c);
     }
     return out;

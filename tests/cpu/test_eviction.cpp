@@ -394,10 +394,11 @@ TEST_CASE("EvictingDecoder gives the evicted slots' memory back, with the logits
   const int prompt = 16, new_tokens = 8, b = budget.resolve(prompt);
   dc::EvictingDecoder<dc::cpu> dec(model, policy, budget, dc::EvictionMode::decode, prompt, new_tokens,
                                    dc::Granularity::head);
-  CHECK(dec.cache().capacity() == prompt + new_tokens);
+  const auto every_layer = [&](int capacity) { return std::vector<int>(std::size_t(m.config.num_layers), capacity); };
+  CHECK(dec.cache().capacities() == every_layer(prompt + new_tokens));
   dec.prefill(std::span(ids).first(std::size_t(prompt)));
   // What decoding can reach: the compressed length plus every token still allowed.
-  CHECK(dec.cache().capacity() == b + new_tokens);
+  CHECK(dec.cache().capacities() == every_layer(b + new_tokens));
   CHECK(dec.cache().bytes_reserved() == std::size_t(b + new_tokens) * m.config.num_layers *
                                              dec.cache().bytes_per_slot_layer());
 
@@ -430,7 +431,7 @@ TEST_CASE("EvictingDecoder gives the evicted slots' memory back, with the logits
 
   // The next prompt has the whole reservation again.
   dec.prefill(std::span(ids).first(std::size_t(prompt)));
-  CHECK(dec.cache().capacity() == b + new_tokens);
+  CHECK(dec.cache().capacities() == every_layer(b + new_tokens));
   CHECK(dec.cache().length() == b);
 }
 

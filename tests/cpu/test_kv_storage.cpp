@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -22,7 +23,7 @@ dc::Transformer<dc::cpu> tiny_model() {
 }
 
 std::size_t head_elements(const dc::KVCache<dc::cpu>& c) {
-  return std::size_t(c.num_kv_heads()) * std::size_t(c.capacity()) * std::size_t(c.head_dim());
+  return std::size_t(c.num_kv_heads()) * std::size_t(c.capacity(0)) * std::size_t(c.head_dim());
 }
 
 }  // namespace
@@ -45,7 +46,7 @@ TEST_CASE("a bf16 cache stores the fp32 keys and values rounded to bf16; the fp3
   for (int h = 0; h < full.num_kv_heads(); ++h)
     for (int s = 0; s < full.length(0); ++s)
       for (int i = 0; i < full.head_dim(); ++i) {
-        const std::size_t e = (std::size_t(h) * full.capacity() + std::size_t(s)) * full.head_dim() + std::size_t(i);
+        const std::size_t e = (std::size_t(h) * full.capacity(0) + std::size_t(s)) * full.head_dim() + std::size_t(i);
         REQUIRE(e < n);
         differ += dc::to_bf16(k[e]).bits != k16[e].bits || dc::to_bf16(v[e]).bits != v16[e].bits;
       }
@@ -93,7 +94,7 @@ TEST_CASE("a bf16 cache's logits stay near the fp32 cache's, before and after pe
   for (int h = 0; h < kv_heads; ++h)
     for (int s = 0; s < keep; ++s)
       for (int i = 0; i < full.head_dim(); ++i) {
-        const std::size_t e = (std::size_t(h) * full.capacity() + std::size_t(s)) * full.head_dim() + std::size_t(i);
+        const std::size_t e = (std::size_t(h) * full.capacity(0) + std::size_t(s)) * full.head_dim() + std::size_t(i);
         differ += dc::to_bf16(k[e]).bits != k16[e].bits;
       }
   CHECK(differ == 0);
@@ -112,7 +113,7 @@ TEST_CASE("a bf16 cache's logits stay near the fp32 cache's, before and after pe
   copy.copy_from(model.context(), half);
   const std::size_t row = std::size_t(half.head_dim()) * sizeof(dc::bf16);
   for (int h = 0; h < kv_heads; ++h) {
-    const std::size_t at = std::size_t(h) * std::size_t(half.capacity()) * std::size_t(half.head_dim());
+    const std::size_t at = std::size_t(h) * std::size_t(half.capacity(1)) * std::size_t(half.head_dim());
     CHECK(std::memcmp(copy.keys_as<dc::bf16>(1) + at, half.keys_as<dc::bf16>(1) + at, row * std::size_t(half.length(1))) == 0);
     CHECK(std::memcmp(copy.values_as<dc::bf16>(1) + at, half.values_as<dc::bf16>(1) + at,
                       row * std::size_t(half.length(1))) == 0);
@@ -128,7 +129,7 @@ void check_positions_mirrored(const dc::KVCache<dc::cpu>& c) {
       CAPTURE(l);
       CAPTURE(h);
       const auto& host = c.host_positions(l, h);
-      const std::int32_t* backend = c.positions(l) + std::size_t(h) * std::size_t(c.capacity());
+      const std::int32_t* backend = c.positions(l) + std::size_t(h) * std::size_t(c.capacity(l));
       CHECK(std::vector<std::int32_t>(backend, backend + host.size()) == host);
     }
 }
@@ -163,4 +164,108 @@ TEST_CASE("KVCache positions: one strided upload per run of equally long layers,
   check_positions_mirrored(cache);
   CHECK_THROWS_WITH_AS(cache.set_positions_from_backend(ctx, rows.data(), 33),
                        doctest::Contains("33 positions per head (capacity 32)"), dc::Error);
+}
+
+TEST_CASE("KVCache with a capacity per layer: each layer's stride, the full layer named, bad capacities refused") {
+  const dc::Context<dc::cpu> ctx;
+  const dc::CacheShape shape{3, 4, 2, 8, 64, {}};
+  dc::KVCache<dc::cpu> cache(shape, std::vector<int>{32, 12, 20});
+  CHECK(cache.capacity(1) == 12);
+  CHECK(!cache.uniform_capacity());
+  CHECK(cache.smallest_capacity() == 12);
+  CHECK(cache.bytes_reserved() == std::size_t(32 + 12 + 20) * cache.bytes_per_slot_layer());
+  cache.append(ctx, 10);
+  CHECK(cache.free_slots() == 2);
+  check_positions_mirrored(cache);
+  CHECK_THROWS_WITH_AS(cache.append(ctx, 3), doctest::Contains("10 + 3 tokens exceed capacity 12 of layer 1"),
+                       dc::Error);
+  // Runs of layers with the same new slot but other strides are uploaded separately.
+  cache.compact_layer(ctx, 1, std::vector<std::int32_t>{1, 3, 5});
+  cache.append(ctx, 2);
+  CHECK(cache.host_positions(1, 1) == std::vector<std::int32_t>{1, 3, 5, 10, 11});
+  check_positions_mirrored(cache);
+  std::vector<std::int32_t> rows;
+  for (int r = 0; r < 3 * 2; ++r)
+    for (int i = 0; i < 4; ++i) rows.push_back(std::int32_t(r + 2 * i));
+  cache.set_positions_from_backend(ctx, rows.data(), 4);
+  CHECK(cache.host_positions(2, 1) == std::vector<std::int32_t>{5, 7, 9, 11});
+  check_positions_mirrored(cache);
+  CHECK_THROWS_WITH_AS(cache.set_positions_from_backend(ctx, rows.data(), 13),
+                       doctest::Contains("13 positions per head (capacity 12)"), dc::Error);
+
+  using Caps = std::vector<int>;
+  CHECK_THROWS_WITH_AS(dc::KVCache<dc::cpu>(shape, Caps{32, 12}), doctest::Contains("2 layer capacities for 3 layers"),
+                       dc::Error);
+  CHECK_THROWS_WITH_AS(dc::KVCache<dc::cpu>(shape, Caps{32, 0, 8}),
+                       doctest::Contains("capacity must be positive, got 0 in layer 1"), dc::Error);
+  CHECK_THROWS_WITH_AS(dc::KVCache<dc::cpu>(shape, Caps{32, 65, 8}),
+                       doctest::Contains("capacity 65 in layer 1 exceeds the model's max_position 64"), dc::Error);
+}
+
+TEST_CASE("a cache with a capacity per layer gives the logits of a uniform one; copies between the layouts keep every byte") {
+  auto model = tiny_model();
+  const int layers = model.config().num_layers, vocab = model.config().vocab_size;
+  std::vector<int> capacities;
+  for (int l = 0; l < layers; ++l) capacities.push_back(20 + 7 * (l % 3));  // 20, 27, 34, 20, ...
+  for (const dc::DType type : {dc::DType::f32, dc::DType::bf16}) {
+    CAPTURE(dc::dtype_name(type));
+    auto uniform = model.make_cache(40, type);
+    auto uneven = model.make_cache(std::span<const int>(capacities), type);
+    std::vector<float> a(static_cast<std::size_t>(vocab)), b(static_cast<std::size_t>(vocab));
+    uniform.set_observed_from(8);
+    uneven.set_observed_from(8);
+    model.forward(kTokens, uniform, a);
+    model.forward(kTokens, uneven, b);
+    CHECK(a == b);  // bitwise
+    // Per-head keep-sets of different lengths per layer, the same in both caches.
+    dc::Context<dc::cpu> ctx;
+    for (int l = 0; l < layers; ++l) {
+      const int count = 5 + l % 3;  // head h keeps every other slot, from slot h % 2
+      std::vector<std::int32_t> keep;
+      for (int h = 0; h < uniform.num_kv_heads(); ++h)
+        for (int i = 0; i < count; ++i) keep.push_back(std::int32_t(2 * i + h % 2));
+      uniform.compact_heads(ctx, l, keep);
+      uneven.compact_heads(ctx, l, keep);
+    }
+    for (std::int32_t token : {3, 250, 17, 64}) {
+      model.forward(std::vector<std::int32_t>{token}, uniform, a);
+      model.forward(std::vector<std::int32_t>{token}, uneven, b);
+      CHECK(a == b);
+    }
+    // Into a third layout and back: every slot's bytes, positions and statistics come along.
+    std::vector<int> tight;
+    for (int l = 0; l < layers; ++l) tight.push_back(uneven.length(l));
+    auto copy = model.make_cache(std::span<const int>(tight), type);
+    copy.copy_from(ctx, uneven);
+    CHECK(copy.free_slots() == 0);
+    const std::size_t bytes = dc::dtype_size(type);
+    for (int l = 0; l < layers; ++l)
+      for (int h = 0; h < copy.num_kv_heads(); ++h) {
+        CAPTURE(l);
+        CAPTURE(h);
+        CHECK(copy.host_positions(l, h) == uneven.host_positions(l, h));
+        const std::size_t len = std::size_t(copy.length(l)), d = std::size_t(copy.head_dim());
+        const auto* from = static_cast<const unsigned char*>(uneven.with_kv(l, [](const auto* k, const auto*) {
+          return static_cast<const void*>(k);
+        }));
+        const auto* to = static_cast<const unsigned char*>(copy.with_kv(l, [](const auto* k, const auto*) {
+          return static_cast<const void*>(k);
+        }));
+        CHECK(std::memcmp(to + std::size_t(h) * std::size_t(copy.capacity(l)) * d * bytes,
+                          from + std::size_t(h) * std::size_t(uneven.capacity(l)) * d * bytes, len * d * bytes) == 0);
+        for (int r = 0; r < copy.stat_rows(); ++r)
+          CHECK(std::memcmp(copy.stats(l) + (std::size_t(h) * copy.stat_rows() + r) * copy.capacity(l),
+                            uneven.stats(l) + (std::size_t(h) * uneven.stat_rows() + r) * uneven.capacity(l),
+                            len * sizeof(float)) == 0);
+      }
+    check_positions_mirrored(copy);
+    model.forward(std::vector<std::int32_t>{9}, uniform, a);
+    CHECK_THROWS_WITH_AS(model.forward(std::vector<std::int32_t>{9}, copy, b), doctest::Contains("KV cache full"),
+                         dc::Error);
+    auto roomy = model.make_cache(40, type);
+    roomy.copy_from(ctx, copy);
+    model.forward(std::vector<std::int32_t>{9}, roomy, b);
+    CHECK(a == b);
+    CHECK_THROWS_WITH_AS(copy.copy_from(ctx, uniform), doctest::Contains("exceed capacity"), dc::Error);
+  }
 }

@@ -206,6 +206,61 @@ int nearest_by_search(int l, int layers, int source_layers) {
   return best;
 }
 
+TEST_CASE("a decoder reserves each layer what its own budget can reach, with the logits of evicting in one full reservation") {
+  TinyModel t;
+  const int prompt = 16, new_tokens = 8;
+  const auto tokens = std::span<const std::int32_t>(t.ids);
+  REQUIRE(tokens.size() >= std::size_t(prompt + new_tokens));
+  dc::Budget budget = dc::Budget::of_fraction(0.5);  // 8 of 16
+  budget.chunk = 2;
+  auto uneven = h2o_with({3.0, 1.0});  // 12 and 4
+  const std::vector<int> layer_budgets{12, 4};
+  for (const auto mode : {dc::EvictionMode::prefill, dc::EvictionMode::decode}) {
+    CAPTURE(int(mode));
+    dc::EvictingDecoder<dc::cpu> dec(t.model, *uneven, budget, mode, prompt, new_tokens, dc::Granularity::head);
+    CHECK(dec.cache().capacities() == std::vector<int>{prompt + new_tokens, prompt + new_tokens});
+    const auto first = dec.prefill(tokens.first(std::size_t(prompt)));
+    const std::vector<float> prefill_logits(first.begin(), first.end());
+    // Each layer: its budget plus every token still allowed (one capacity for both would be 20).
+    CHECK(dec.cache().capacities() == std::vector<int>{12 + new_tokens, 4 + new_tokens});
+    CHECK(dec.cache().bytes_reserved() == std::size_t(12 + 4 + 2 * new_tokens) * dec.cache().bytes_per_slot_layer());
+
+    // The oracle: the same steps by hand in a cache that keeps its whole reservation.
+    dc::KVCache<dc::cpu> cache = t.model.make_cache(prompt + new_tokens);
+    cache.set_observed_from(uneven->observation_start(prompt));
+    cache.collect_queries(uneven->query_statistics(), t.m.config.rope_theta);
+    std::vector<float> logits(std::size_t(t.m.config.vocab_size));
+    t.model.forward(tokens.first(std::size_t(prompt)), cache, std::span<float>(logits));
+    cache.set_observed_from(0);
+    dc::TokenFeatures f;
+    const auto evict = [&] {
+      dc::gather_features_into(f, t.model.context(), cache, dc::Granularity::head);
+      std::vector<float> scores(std::size_t(f.size));
+      uneven->score(f, budget.resolve(prompt), scores);
+      dc::compact_groups(t.model.context(), cache, f,
+                         dc::select_keep_groups(scores, f, std::span<const int>(layer_budgets)));
+    };
+    evict();
+    CHECK(logits == prefill_logits);  // bitwise
+    for (int s = prompt; s < prompt + new_tokens; ++s) {
+      CAPTURE(s);
+      t.model.forward(tokens.subspan(std::size_t(s), 1), cache, std::span<float>(logits));
+      if (mode == dc::EvictionMode::decode && cache.evictable_length() >= 12 + budget.chunk) evict();
+      const auto step = dec.step(tokens[std::size_t(s)]);
+      CHECK(std::equal(logits.begin(), logits.end(), step.begin(), step.end()));
+      for (int l = 0; l < 2; ++l) CHECK(dec.cache().length(l) == cache.length(l));
+    }
+    if (mode == dc::EvictionMode::prefill) {  // both layers are full: the error names the first
+      CHECK(dec.cache().free_slots() == 0);
+      CHECK_THROWS_WITH_AS(dec.step(tokens[0]),
+                           doctest::Contains("past max_new_tokens: the cache is full at 20 slots in layer 0"),
+                           dc::Error);
+    } else {
+      CHECK(dec.evictions() > 1);
+    }
+  }
+}
+
 TEST_CASE("layers at the same relative depth: the nearest centre, as a search over all layers finds it") {
   for (int layers = 1; layers <= 40; ++layers)
     for (int source = 1; source <= 40; ++source) {

@@ -1033,9 +1033,11 @@ dc::ModelConfig eviction_config(int window) {
 void check_caches(const Gpu& ctx, const dc::KVCache<dc::cpu>& cpu, const dc::KVCache<dc::cuda>& gpu,
                   float tolerance) {
   REQUIRE(cpu.num_layers() == gpu.num_layers());
-  const int per_head = cpu.stat_rows(), rows = cpu.num_kv_heads() * per_head, cap = cpu.capacity();
+  const int per_head = cpu.stat_rows(), rows = cpu.num_kv_heads() * per_head;
   for (int l = 0; l < cpu.num_layers(); ++l) {
     CAPTURE(l);
+    const int cap = cpu.capacity(l);
+    REQUIRE(gpu.capacity(l) == cap);
     const int len = cpu.length(l);
     REQUIRE(gpu.length(l) == len);
     const int kv_heads = cpu.num_kv_heads();
@@ -1066,8 +1068,9 @@ void check_caches(const Gpu& ctx, const dc::KVCache<dc::cpu>& cpu, const dc::KVC
 // is observed from its 11th query), 5 decode steps, compaction, 5 more decode steps, per-layer
 // compaction, 3 more decode steps: logits, positions, K/V and every statistics block compared
 // after each call.
-void check_transformer_with_eviction(int window) {
+void check_transformer_with_eviction(int window, bool capacity_per_layer = false) {
   CAPTURE(window);
+  CAPTURE(capacity_per_layer);
   const dc::ModelConfig cfg = eviction_config(window);
   constexpr unsigned kSeed = 4321;
   constexpr float kTolerance = 1e-4f;
@@ -1086,8 +1089,12 @@ void check_transformer_with_eviction(int window) {
   for (auto& t : tokens) t = token(rng);
   const std::span<const std::int32_t> all(tokens);
 
-  auto cache_cpu = reference.make_cache(64);
-  auto cache_gpu = model.make_cache(64);
+  // Capacities per layer: every layer's rows at its own stride (the most this test fills is 30).
+  std::vector<int> capacities(std::size_t(cfg.num_layers), 64);
+  if (capacity_per_layer)
+    for (std::size_t l = 1; l < capacities.size(); l += 2) capacities[l] = 41;
+  auto cache_cpu = reference.make_cache(std::span<const int>(capacities));
+  auto cache_gpu = model.make_cache(std::span<const int>(capacities));
   cache_cpu.set_observed_from(10);
   cache_gpu.set_observed_from(10);
   int next = 0;
@@ -1148,6 +1155,7 @@ void check_transformer_with_eviction(int window) {
 TEST_CASE("Transformer<cuda, float> matches Transformer<cpu> with statistics and compaction") {
   SUBCASE("sliding window 8") { check_transformer_with_eviction(8); }
   SUBCASE("no window") { check_transformer_with_eviction(0); }
+  SUBCASE("no window, a capacity per layer") { check_transformer_with_eviction(0, true); }
 }
 
 // ---- eviction in place (decode/in_place_eviction.cuh) ---------------------------------------------------------
@@ -1157,39 +1165,39 @@ namespace {
 // Bit-identical caches: positions (host mirror and device), the used slots' K/V (bytes of the
 // storage type) and every statistics row of them.
 void check_same_cache(const Gpu& ctx, const dc::KVCache<dc::cuda>& a, const dc::KVCache<dc::cuda>& b) {
-  const int cap = a.capacity(), hd = a.head_dim(), rows = a.stat_rows();
+  const int hd = a.head_dim(), rows = a.stat_rows();
   REQUIRE(a.kv_type() == b.kv_type());
   for (int l = 0; l < a.num_layers(); ++l) {
     CAPTURE(l);
+    const std::size_t cap_a = std::size_t(a.capacity(l)), cap_b = std::size_t(b.capacity(l));  // strides may differ
     const int len = a.length(l);
     REQUIRE(b.length(l) == len);
     for (int h = 0; h < a.num_kv_heads(); ++h) {
       CAPTURE(h);
       CHECK(a.host_positions(l, h) == b.host_positions(l, h));
-      const std::size_t head = std::size_t(h) * cap;
-      const auto positions = download(ctx, a.positions(l) + head, std::size_t(len));
-      CHECK(positions == download(ctx, b.positions(l) + head, std::size_t(len)));
+      const std::size_t head_a = std::size_t(h) * cap_a, head_b = std::size_t(h) * cap_b;
+      const auto positions = download(ctx, a.positions(l) + head_a, std::size_t(len));
+      CHECK(positions == download(ctx, b.positions(l) + head_b, std::size_t(len)));
       CHECK(positions == a.host_positions(l, h));
-      const std::size_t kv = head * hd, used = std::size_t(len) * hd;
+      const std::size_t kv_a = head_a * hd, kv_b = head_b * hd, used = std::size_t(len) * hd;
       a.with_kv(l, [&](const auto* ka, const auto* va) {
         using T = std::remove_cv_t<std::remove_pointer_t<decltype(ka)>>;
         if constexpr (std::is_same_v<T, float>) {
-          CHECK(download(ctx, ka + kv, used) == download(ctx, b.keys(l) + kv, used));
-          CHECK(download(ctx, va + kv, used) == download(ctx, b.values(l) + kv, used));
+          CHECK(download(ctx, ka + kv_a, used) == download(ctx, b.keys(l) + kv_b, used));
+          CHECK(download(ctx, va + kv_a, used) == download(ctx, b.values(l) + kv_b, used));
         } else {
           const auto bits = [&](const dc::bf16* p) {
             std::vector<std::uint16_t> out;
             for (const dc::bf16& x : download(ctx, p, used)) out.push_back(x.bits);
             return out;
           };
-          CHECK(bits(ka + kv) == bits(b.keys_as<dc::bf16>(l) + kv));
-          CHECK(bits(va + kv) == bits(b.values_as<dc::bf16>(l) + kv));
+          CHECK(bits(ka + kv_a) == bits(b.keys_as<dc::bf16>(l) + kv_b));
+          CHECK(bits(va + kv_a) == bits(b.values_as<dc::bf16>(l) + kv_b));
         }
       });
-      for (int r = 0; r < rows; ++r) {
-        const std::size_t at = (std::size_t(h) * rows + r) * cap;
-        CHECK(download(ctx, a.stats(l) + at, std::size_t(len)) == download(ctx, b.stats(l) + at, std::size_t(len)));
-      }
+      for (int r = 0; r < rows; ++r)
+        CHECK(download(ctx, a.stats(l) + (std::size_t(h) * rows + r) * cap_a, std::size_t(len)) ==
+              download(ctx, b.stats(l) + (std::size_t(h) * rows + r) * cap_b, std::size_t(len)));
     }
   }
 }
@@ -1251,6 +1259,39 @@ TEST_CASE("EvictingDecoder<cuda> with H2O evicts on the device: the host path's 
   SUBCASE("half the budget recent, fp32 cache") { check_in_place_eviction(0.5, dc::DType::f32); }
   SUBCASE("no recent window, fp32 cache") { check_in_place_eviction(0.0, dc::DType::f32); }
   SUBCASE("half the budget recent, bf16 cache") { check_in_place_eviction(0.5, dc::DType::bf16); }
+}
+
+TEST_CASE("evict_in_place on a cache with a capacity per layer: the uniform cache's keep-sets and logits, bit for bit") {
+  const dc::ModelConfig cfg = eviction_config(0);
+  dc::Weights<dc::cuda, float> device_weights;
+  {
+    Gpu upload_ctx;
+    device_weights = dc::upload_weights<float>(random_weights(cfg, 99, false), upload_ctx);
+  }
+  dc::Transformer<dc::cuda, float> model(cfg, std::move(device_weights), 16);
+  const Gpu& ctx = model.context();
+  std::vector<int> capacities(std::size_t(cfg.num_layers), 64);
+  for (std::size_t l = 0; l < capacities.size(); l += 2) capacities[l] = 45;
+  auto uniform = model.make_cache(64);
+  auto uneven = model.make_cache(std::span<const int>(capacities));
+  uniform.set_observed_from(0);
+  uneven.set_observed_from(0);
+  std::vector<std::int32_t> prompt(40);
+  for (std::size_t i = 0; i < prompt.size(); ++i) prompt[i] = std::int32_t((11 * i + 5) % 256);
+  model.forward(prompt, uniform);
+  model.forward(prompt, uneven);
+  dc::H2OPolicy h2o(0.5);
+  const auto rule = h2o.score_rule(12);
+  REQUIRE(rule.has_value());
+  dc::InPlaceEvictionScratch<dc::cuda> scratch_uniform, scratch_uneven;
+  REQUIRE(dc::evict_in_place(ctx, uniform, *rule, 12, scratch_uniform));
+  REQUIRE(dc::evict_in_place(ctx, uneven, *rule, 12, scratch_uneven));
+  check_same_cache(ctx, uniform, uneven);
+  for (std::int32_t t : {7, 99, 200}) {
+    const std::vector<std::int32_t> next{t};
+    CHECK(model.forward(next, uniform, dc::LogitsFor::last) == model.forward(next, uneven, dc::LogitsFor::last));
+  }
+  check_same_cache(ctx, uniform, uneven);
 }
 
 TEST_CASE("EvictingDecoder<cuda> evicts through the host where the in-place path does not apply") {

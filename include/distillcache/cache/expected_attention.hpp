@@ -23,7 +23,7 @@ std::vector<float> expected_attention(const Context<B>& ctx, const KVCache<B>& c
                                       const std::vector<float>& value_norm) {
   const QueryStatistics& qs = cache.query_statistics();
   DC_CHECK(qs.active(), "expected attention: the cache collected no query statistics");
-  const int d = cache.head_dim(), kv_heads = cache.num_kv_heads(), cap = cache.capacity();
+  const int d = cache.head_dim(), kv_heads = cache.num_kv_heads(), cap = cache.capacity(layer);
   const int group = cache.num_heads() / kv_heads, n = cache.length(layer), half = d / 2;
   DC_CHECK(value_norm.size() == std::size_t(kv_heads) * n, "expected attention: ",
            value_norm.size(), " value norms for ", kv_heads, " x ", n, " slots");

@@ -361,7 +361,7 @@ inline void write_group_rows(TokenFeatures& f, int g, int row0,
 template <Backend B>
 void gather_features_into(TokenFeatures& f, const Context<B>& ctx, const KVCache<B>& cache,
                           Granularity granularity = Granularity::shared) {
-  const int layers = cache.num_layers(), kv_heads = cache.num_kv_heads(), cap = cache.capacity();
+  const int layers = cache.num_layers(), kv_heads = cache.num_kv_heads();
   const int group_size = cache.num_heads() / kv_heads;
   std::vector<bool> evictable(static_cast<std::size_t>(layers));
   for (int l = 0; l < layers; ++l) evictable[std::size_t(l)] = cache.evictable(l);
@@ -390,11 +390,11 @@ void gather_features_into(TokenFeatures& f, const Context<B>& ctx, const KVCache
     if (!evictable[std::size_t(l)]) continue;
     const std::size_t n = std::size_t(cache.length(l));
     if constexpr (std::same_as<B, cpu>) {
-      stats[std::size_t(l)] = {cache.stats(l), cap};
+      stats[std::size_t(l)] = {cache.stats(l), cache.capacity(l)};
     } else {
       auto& copy = host_copies[std::size_t(l)];
       copy.resize(block * n);
-      copy_rows_to_host(ctx, copy.data(), cache.stats(l), std::size_t(cap), n, block);
+      copy_rows_to_host(ctx, copy.data(), cache.stats(l), std::size_t(cache.capacity(l)), n, block);
       stats[std::size_t(l)] = {copy.data(), std::int64_t(n)};
     }
   }

@@ -2,11 +2,16 @@
 // KVCache: per-layer key/value storage that really shrinks, with the original position and the
 // attention statistics of every slot of every KV head.
 //
-// Layout per layer l (all backend-resident, allocated once, never reallocated):
-//   keys(l), values(l)  [kv_heads, capacity, head_dim]   slot s of head h is one contiguous row
-//   positions(l)        [kv_heads, capacity]             original token position of each slot
-//   stats(l)            [kv_heads, stat_rows_per_kv_head(group), capacity]  accumulators
-//                                                        (math/features.hpp)
+// Layout per layer l (all backend-resident, allocated once, never reallocated), with C =
+// capacity(l), the slots the layer can hold:
+//   keys(l), values(l)  [kv_heads, C, head_dim]   slot s of head h is one contiguous row
+//   positions(l)        [kv_heads, C]             original token position of each slot
+//   stats(l)            [kv_heads, stat_rows_per_kv_head(group), C]  accumulators
+//                                                 (math/features.hpp)
+// Every layer has the same capacity unless the cache was made with one per layer: a policy that
+// gives some layers more budget than others (the shipped one: three times in layers 18-20) then
+// reserves each layer what it keeps, not what its longest layer keeps. C is the stride of every
+// row of layer l: read it per layer.
 // Keys are stored after RoPE, so a slot's key stays valid wherever the slot moves: eviction
 // compacts slots in place and keeps positions and statistics in step, and attention masks each
 // head by its own positions, not by slot index. next_position() is the position the next
@@ -38,6 +43,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -86,20 +92,31 @@ class KVCache {
     DC_CHECK(kv_type == DType::f32 || kv_type == DType::bf16, "KV cache: storage type ", dtype_name(kv_type),
              " is not supported (f32 or bf16)");
   }
+  // Every layer holds up to `capacity` slots.
   KVCache(const CacheShape& shape, int capacity, DType kv_type = DType::f32)
+      : KVCache(shape, std::vector<int>(std::size_t(std::max(shape.num_layers, 0)), capacity), kv_type) {}
+  // Layer l holds up to capacities[l] slots (one entry per layer).
+  KVCache(const CacheShape& shape, std::span<const int> capacities, DType kv_type = DType::f32)
       : layers_(shape.num_layers), heads_(shape.num_heads), kv_heads_(shape.num_kv_heads),
-        head_dim_(shape.head_dim), max_position_(shape.max_position), capacity_(capacity),
-        kv_type_(kv_type), windows_(shape.layer_windows) {
+        head_dim_(shape.head_dim), max_position_(shape.max_position),
+        capacities_(capacities.begin(), capacities.end()), kv_type_(kv_type), windows_(shape.layer_windows) {
     shape.validate();
     check_kv_type(kv_type);
+    DC_CHECK(int(capacities_.size()) == layers_, "KV cache: ", capacities_.size(), " layer capacities for ",
+             layers_, " layers");
+    for (int l = 0; l < layers_; ++l) {
+      const int c = capacities_[std::size_t(l)];
+      DC_CHECK(c > 0, "KV cache capacity must be positive, got ", c, layer_named(l));
+      DC_CHECK(shape.max_position == 0 || c <= shape.max_position, "KV cache capacity ", c, layer_named(l),
+               " exceeds the model's max_position ", shape.max_position);
+    }
     if (windows_.empty()) windows_.assign(std::size_t(layers_), 0);
     const bool all_windowed = std::all_of(windows_.begin(), windows_.end(), [](int w) { return w > 0; });
     for (int w : windows_) evictable_.push_back(w == 0 || all_windowed);
-    DC_CHECK(capacity > 0, "KV cache capacity must be positive, got ", capacity);
-    DC_CHECK(shape.max_position == 0 || capacity <= shape.max_position, "KV cache capacity ",
-             capacity, " exceeds the model's max_position ", shape.max_position);
-    const Shape kv{kv_heads_, capacity_, head_dim_};
+    position_offsets_.assign(std::size_t(layers_) + 1, 0);
     for (int l = 0; l < layers_; ++l) {
+      const int c = capacities_[std::size_t(l)];
+      const Shape kv{kv_heads_, c, head_dim_};
       if (kv_type_ == DType::bf16) {
         keys16_.emplace_back(kv);
         values16_.emplace_back(kv);
@@ -107,12 +124,17 @@ class KVCache {
         keys_.emplace_back(kv);
         values_.emplace_back(kv);
       }
-      stats_.emplace_back(Shape{kv_heads_, stat_rows(), capacity_});
+      stats_.emplace_back(Shape{kv_heads_, stat_rows(), c});
       stats_.back().buffer().fill_zero();
+      position_offsets_[std::size_t(l) + 1] = position_offsets_[std::size_t(l)] + std::int64_t(kv_heads_) * c;
     }
-    positions_ = Tensor<std::int32_t, B>(Shape{layers_, kv_heads_, capacity_});
+    // One block for every layer's positions, layer after layer: append() and
+    // set_positions_from_backend() copy runs of layers of one capacity as one strided copy.
+    positions_ = Tensor<std::int32_t, B>(Shape{position_offsets_.back()});
     host_positions_.assign(std::size_t(layers_) * kv_heads_, {});
-    for (auto& p : host_positions_) p.reserve(static_cast<std::size_t>(capacity_));
+    for (int l = 0; l < layers_; ++l)
+      for (int h = 0; h < kv_heads_; ++h)
+        host_positions_[flat(l, h)].reserve(static_cast<std::size_t>(capacities_[std::size_t(l)]));
     last_append_.assign(static_cast<std::size_t>(layers_), 0);
   }
 
@@ -125,7 +147,31 @@ class KVCache {
   int num_heads() const { return heads_; }
   int num_kv_heads() const { return kv_heads_; }
   int head_dim() const { return head_dim_; }
-  int capacity() const { return capacity_; }
+  // The slots layer l can hold: the stride of its K, V, positions and statistics rows.
+  int capacity(int layer) const { return capacities_[index(layer, 0)]; }
+  // Every layer's capacity (e.g. to make another cache like this one).
+  const std::vector<int>& capacities() const { return capacities_; }
+  // The smallest layer capacity (a cache at least this large everywhere holds what this one can).
+  int smallest_capacity() const {
+    return capacities_.empty() ? 0 : *std::min_element(capacities_.begin(), capacities_.end());
+  }
+  // How many tokens append() can still take: the fewest free slots of any layer.
+  int free_slots() const {
+    if (layers_ == 0) return 0;
+    int free = capacities_[0] - length(0);
+    for (int l = 1; l < layers_; ++l) free = std::min(free, capacities_[std::size_t(l)] - length(l));
+    return free;
+  }
+  // Throws unless append(ctx, n) has room: names the first layer that does not.
+  void check_room(int n) const {
+    for (int l = 0; l < layers_; ++l)
+      DC_CHECK(length(l) + n <= capacities_[std::size_t(l)], "KV cache full: ", length(l), " + ", n,
+               " tokens exceed capacity ", capacities_[std::size_t(l)], layer_named(l, " of layer "));
+  }
+  // Whether every layer has the same capacity.
+  bool uniform_capacity() const {
+    return std::all_of(capacities_.begin(), capacities_.end(), [&](int c) { return c == capacities_[0]; });
+  }
   // Statistics rows per KV head (math/features.hpp).
   int stat_rows() const { return stat_rows_per_kv_head(heads_ / kv_heads_); }
   // Slots held by each KV head of layer l; length() is the longest layer (all equal unless
@@ -211,14 +257,12 @@ class KVCache {
     if (kv_type_ == DType::bf16) return fn(keys_as<bf16>(layer), values_as<bf16>(layer));
     return fn(keys_as<float>(layer), values_as<float>(layer));
   }
-  // The layer's whole statistics block; KV head h's rows start at h * stat_rows() * capacity().
+  // The layer's whole statistics block; KV head h's rows start at h * stat_rows() * capacity(l).
   float* stats(int layer) { return stats_[index(layer, 0)].data(); }
   const float* stats(int layer) const { return stats_[index(layer, 0)].data(); }
-  // Backend-resident positions of layer l: [kv_heads, capacity], head h's slots at
-  // positions(l) + h * capacity(), valid in [0, length(l)).
-  const std::int32_t* positions(int layer) const {
-    return positions_.data() + std::int64_t(index(layer, 0)) * kv_heads_ * capacity_;
-  }
+  // Backend-resident positions of layer l: [kv_heads, capacity(l)], head h's slots at
+  // positions(l) + h * capacity(l), valid in [0, length(l)).
+  const std::int32_t* positions(int layer) const { return positions_.data() + position_offsets_[index(layer, 0)]; }
   // Host mirror of KV head h's positions in layer l.
   const std::vector<std::int32_t>& host_positions(int layer, int head = 0) const {
     return host_positions_[flat(layer, head)];
@@ -264,8 +308,7 @@ class KVCache {
   // next_position()..; the caller (the transformer) writes their K/V and statistics.
   void append(const Context<B>& ctx, int n) {
     DC_CHECK(n > 0, "KV cache append of ", n, " tokens");
-    DC_CHECK(length() + n <= capacity_, "KV cache full: ", length(), " + ", n,
-             " tokens exceed capacity ", capacity_);
+    check_room(n);
     for (int l = 0; l < layers_; ++l) {
       last_append_[std::size_t(l)] = length(l);
       for (int h = 0; h < kv_heads_; ++h) {
@@ -274,17 +317,21 @@ class KVCache {
       }
     }
     // The backend copy: every (layer, head) gets the same n positions, so one strided copy per
-    // run of layers whose new slots start at the same index (all of them, unless layers hold
-    // different lengths). Copying per (layer, head) waited for the stream 256 times a decode
-    // step on Mistral-7B's shape: 25 of 82 ms of a 16-sequence step on an H200.
+    // run of layers whose new slots start at the same index and whose rows have the same stride
+    // (all of them, unless layers hold different lengths or capacities). Copying per
+    // (layer, head) waited for the stream 256 times a decode step on Mistral-7B's shape: 25 of
+    // 82 ms of a 16-sequence step on an H200.
     staged_positions_.resize(std::size_t(layers_) * kv_heads_ * std::size_t(n));
     for (std::size_t r = 0; r < std::size_t(layers_) * kv_heads_; ++r)
       for (int i = 0; i < n; ++i) staged_positions_[r * std::size_t(n) + std::size_t(i)] = next_position_ + i;
     for (int l = 0; l < layers_;) {
       int end = l + 1;
-      while (end < layers_ && last_append_[std::size_t(end)] == last_append_[std::size_t(l)]) ++end;
-      copy_rows_to_backend(ctx, device_positions(l, 0) + last_append_[std::size_t(l)], std::size_t(capacity_),
-                           staged_positions_.data(), std::size_t(n), std::size_t(end - l) * kv_heads_);
+      while (end < layers_ && last_append_[std::size_t(end)] == last_append_[std::size_t(l)] &&
+             capacities_[std::size_t(end)] == capacities_[std::size_t(l)])
+        ++end;
+      copy_rows_to_backend(ctx, device_positions(l, 0) + last_append_[std::size_t(l)],
+                           std::size_t(capacities_[std::size_t(l)]), staged_positions_.data(), std::size_t(n),
+                           std::size_t(end - l) * kv_heads_);
       l = end;
     }
     next_position_ += n;
@@ -337,7 +384,7 @@ class KVCache {
     const int count = int(keep.size() / std::size_t(kv_heads_));
     if (count == length(layer)) return;  // strictly ascending and complete: nothing moves
     with_kv(layer, [&](auto* k, auto* v) {
-      kv_compact(ctx, k, v, stats(layer), kv_heads_, head_dim_, stat_rows(), capacity_, keep, count);
+      kv_compact(ctx, k, v, stats(layer), kv_heads_, head_dim_, stat_rows(), capacity(layer), keep, count);
     });
     for (int h = 0; h < kv_heads_; ++h) {
       auto& pos = host_positions_[flat(layer, h)];
@@ -364,7 +411,7 @@ class KVCache {
         const auto& pos = host_positions_[flat(layer, h)];
         std::copy(pos.begin(), pos.begin() + count, staged_positions_.begin() + std::ptrdiff_t(h) * count);
       }
-      copy_rows_to_backend(ctx, device_positions(layer, 0), std::size_t(capacity_), staged_positions_.data(),
+      copy_rows_to_backend(ctx, device_positions(layer, 0), std::size_t(capacity(layer)), staged_positions_.data(),
                            std::size_t(count), std::size_t(kv_heads_));
     }
   }
@@ -374,45 +421,54 @@ class KVCache {
   // [layers * kv_heads, count]). Copies them into the backend positions (one strided copy) and
   // the host mirror (one copy back); the slots' contents are the caller's business.
   void set_positions_from_backend(const Context<B>& ctx, const std::int32_t* rows, int count) {
-    DC_CHECK(count >= 0 && count <= capacity_, "KV cache: ", count, " positions per head (capacity ",
-             capacity_, ")");
+    DC_CHECK(count >= 0 && count <= smallest_capacity(), "KV cache: ", count, " positions per head (capacity ",
+             smallest_capacity(), ")");
     const std::size_t heads = std::size_t(layers_) * kv_heads_;
     staged_positions_.resize(heads * std::size_t(count));
     copy_to_host(ctx, staged_positions_.data(), rows, staged_positions_.size());
     for (std::size_t r = 0; r < heads; ++r)
       host_positions_[r].assign(staged_positions_.begin() + std::ptrdiff_t(r * count),
                                 staged_positions_.begin() + std::ptrdiff_t((r + 1) * count));
-    copy_rows_to_backend(ctx, positions_.data(), std::size_t(capacity_), rows, std::size_t(count), heads);
+    for (int l = 0; l < layers_;) {  // one strided copy per run of layers of one capacity
+      int end = l + 1;
+      while (end < layers_ && capacities_[std::size_t(end)] == capacities_[std::size_t(l)]) ++end;
+      copy_rows_to_backend(ctx, device_positions(l, 0), std::size_t(capacities_[std::size_t(l)]),
+                           rows + std::int64_t(l) * kv_heads_ * count, std::size_t(count),
+                           std::size_t(end - l) * kv_heads_);
+      l = end;
+    }
   }
 
-  // Makes this cache a copy of other (same shape, capacity at least other's length): slots,
-  // positions, statistics, next position and observation setting. Used to prefill a prompt
-  // once and evict it several ways.
+  // Makes this cache a copy of other (same shape, each layer's capacity at least other's length
+  // there; capacities may differ): slots, positions, statistics, next position and observation
+  // setting. Used to prefill a prompt once and evict it several ways, and to move a compressed
+  // cache into a smaller reservation.
   void copy_from(const Context<B>& ctx, const KVCache& other) {
     DC_CHECK(layers_ == other.layers_ && heads_ == other.heads_ && kv_heads_ == other.kv_heads_ &&
                  head_dim_ == other.head_dim_,
              "KV cache copy between caches of different model shapes");
     DC_CHECK(kv_type_ == other.kv_type_, "KV cache copy from a ", dtype_name(other.kv_type_), " cache into a ",
              dtype_name(kv_type_), " one");
-    DC_CHECK(other.length() <= capacity_, "KV cache copy: ", other.length(),
-             " slots exceed capacity ", capacity_);
+    for (int l = 0; l < layers_; ++l)
+      DC_CHECK(other.length(l) <= capacity(l), "KV cache copy: ", other.length(l), " slots exceed capacity ",
+               capacity(l), layer_named(l, " of layer "));
     const int rows = stat_rows();
     for (int l = 0; l < layers_; ++l) {
       const std::size_t len = std::size_t(other.length(l));
+      const std::int64_t cap = capacity(l), other_cap = other.capacity(l);
       for (int h = 0; h < kv_heads_; ++h) {
-        const std::int64_t dst = std::int64_t(h) * capacity_ * head_dim_;
-        const std::int64_t src = std::int64_t(h) * other.capacity_ * head_dim_;
+        const std::int64_t dst = std::int64_t(h) * cap * head_dim_;
+        const std::int64_t src = std::int64_t(h) * other_cap * head_dim_;
         with_kv(l, [&](auto* k, auto* v) {
           using T = std::remove_pointer_t<decltype(k)>;
           copy_on_backend(ctx, k + dst, other.template keys_as<T>(l) + src, len * head_dim_);
           copy_on_backend(ctx, v + dst, other.template values_as<T>(l) + src, len * head_dim_);
         });
         for (int r = 0; r < rows; ++r)
-          copy_on_backend(ctx, stats(l) + (std::int64_t(h) * rows + r) * capacity_,
-                          other.stats(l) + (std::int64_t(h) * rows + r) * other.capacity_, len);
+          copy_on_backend(ctx, stats(l) + (std::int64_t(h) * rows + r) * cap,
+                          other.stats(l) + (std::int64_t(h) * rows + r) * other_cap, len);
         host_positions_[flat(l, h)] = other.host_positions_[other.flat(l, h)];
-        copy_on_backend(ctx, device_positions(l, h), other.positions(l) + std::int64_t(h) * other.capacity_,
-                        len);
+        copy_on_backend(ctx, device_positions(l, h), other.positions(l) + std::int64_t(h) * other_cap, len);
       }
       last_append_[std::size_t(l)] = other.last_append_[std::size_t(l)];
     }
@@ -448,7 +504,9 @@ class KVCache {
     return slots * bytes_per_slot_layer();
   }
   std::size_t bytes_reserved() const {
-    return std::size_t(layers_) * std::size_t(capacity_) * bytes_per_slot_layer();
+    std::size_t slots = 0;
+    for (int c : capacities_) slots += std::size_t(c);
+    return slots * bytes_per_slot_layer();
   }
   // One slot of every KV head of one layer.
   std::size_t bytes_per_slot_layer() const {
@@ -466,6 +524,10 @@ class KVCache {
              ")");
     return std::size_t(layer);
   }
+  // " in layer l" where layers differ in capacity (the error would not say which), else nothing.
+  std::string layer_named(int layer, const char* prefix = " in layer ") const {
+    return uniform_capacity() ? std::string() : prefix + std::to_string(layer);
+  }
   std::size_t flat(int layer, int head) const {
     return index(layer, head) * std::size_t(kv_heads_) + std::size_t(head);
   }
@@ -482,16 +544,18 @@ class KVCache {
     else return (keys ? keys_ : values_)[l].data();
   }
   std::int32_t* device_positions(int layer, int head) {
-    return positions_.data() + std::int64_t(flat(layer, head)) * capacity_;
+    return positions_.data() + position_offsets_[index(layer, head)] + std::int64_t(head) * capacity(layer);
   }
 
-  int layers_ = 0, heads_ = 0, kv_heads_ = 0, head_dim_ = 0, max_position_ = 0, capacity_ = 0;
+  int layers_ = 0, heads_ = 0, kv_heads_ = 0, head_dim_ = 0, max_position_ = 0;
+  std::vector<int> capacities_;  // per layer
   int next_position_ = 0;
   int observed_from_ = kNever;
   DType kv_type_ = DType::f32;
   std::vector<Tensor<float, B>> keys_, values_, stats_;  // keys_/values_ of an fp32 cache
   std::vector<Tensor<bf16, B>> keys16_, values16_;      // of a bf16 cache
-  Tensor<std::int32_t, B> positions_;                      // [layers, kv_heads, capacity]
+  Tensor<std::int32_t, B> positions_;  // layer l's [kv_heads, capacity(l)] at position_offsets_[l]
+  std::vector<std::int64_t> position_offsets_;             // [layers + 1]
   std::vector<std::vector<std::int32_t>> host_positions_;  // [layers * kv_heads]
   std::vector<int> last_append_;
   std::vector<int> windows_;            // per layer, 0 = global

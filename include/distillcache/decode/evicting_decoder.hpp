@@ -32,6 +32,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -147,9 +148,12 @@ class EvictingDecoder {
 
   void check_can_step() const {
     DC_CHECK(budget_tokens_ > 0, "EvictingDecoder: step() before prefill()");
-    DC_CHECK(cache_.length() < cache_.capacity(),
-             "EvictingDecoder: step() past max_new_tokens: the cache is full at ",
-             cache_.capacity(), " slots (the prompt's, compressed, + max_new_tokens ", max_new_tokens_, ")");
+    if (cache_.free_slots() > 0) return;
+    int full = 0;  // the first layer with no free slot
+    while (cache_.length(full) < cache_.capacity(full)) ++full;
+    DC_FAIL("EvictingDecoder: step() past max_new_tokens: the cache is full at ", cache_.capacity(full), " slots",
+            cache_.uniform_capacity() ? std::string() : " in layer " + std::to_string(full),
+            " (the prompt's, compressed, + max_new_tokens ", max_new_tokens_, ")");
   }
   void evict_if_due() {
     if (mode_ == EvictionMode::decode && policy_.evicts() &&
@@ -175,17 +179,27 @@ class EvictingDecoder {
   // part of it back.
   void reserve_for_prompt() {
     const std::int64_t full = std::int64_t(max_prompt_) + max_new_tokens_;
-    if (cache_.capacity() < full) cache_ = model_.make_cache(int(full));
+    if (cache_.smallest_capacity() < full) cache_ = model_.make_cache(int(full));
   }
 
-  // Copies the compressed cache into a reservation of length() + max_new_tokens slots, the most
-  // decoding can reach, where that frees at least a fifth of the present one (a smaller gain is
-  // not worth the copy). Every slot, position and statistic moves as it is: the same values
-  // in a narrower layout.
+  // Copies the compressed cache into a reservation of length(l) + max_new_tokens slots in each
+  // layer l, the most decoding can reach there (a step adds one slot to every layer, an eviction
+  // only removes), where that frees at least a fifth of the present one (a smaller gain is not
+  // worth the copy). Layers kept to different budgets get different capacities: the shipped
+  // policy's three-fold budget in three layers no longer sets every layer's reservation. Every
+  // slot, position and statistic moves as it is: the same values in a narrower layout.
   void release_unused_slots() {
-    const std::int64_t reachable = std::int64_t(cache_.length()) + max_new_tokens_;
-    if (reachable * 5 > std::int64_t(cache_.capacity()) * 4) return;
-    KVCache<B> smaller = model_.make_cache(int(reachable));
+    const int layers = cache_.num_layers();
+    std::vector<int> reachable(std::size_t(layers), 0);
+    std::int64_t reachable_slots = 0, reserved_slots = 0;
+    for (int l = 0; l < layers; ++l) {
+      reachable[std::size_t(l)] = int(std::min<std::int64_t>(std::int64_t(cache_.length(l)) + max_new_tokens_,
+                                                             cache_.capacity(l)));
+      reachable_slots += reachable[std::size_t(l)];
+      reserved_slots += cache_.capacity(l);
+    }
+    if (reachable_slots * 5 > reserved_slots * 4) return;
+    KVCache<B> smaller = model_.make_cache(std::span<const int>(reachable));
     smaller.copy_from(model_.context(), cache_);
     cache_ = std::move(smaller);
   }

@@ -88,7 +88,7 @@ void reserve(Buffer<T, cuda>& b, std::size_t n) {
 // to evict. The keep-sets are exactly select_keep_groups' for the rule's scores.
 inline bool evict_in_place(const Context<cuda>& ctx, KVCache<cuda>& cache, const ScoreRule& rule, int budget,
                            InPlaceEvictionScratch<cuda>& scratch) {
-  const int layers = cache.num_layers(), kv_heads = cache.num_kv_heads(), cap = cache.capacity();
+  const int layers = cache.num_layers(), kv_heads = cache.num_kv_heads();
   const int len = cache.length(0);
   if (budget <= 0 || len <= budget) return false;
   for (int l = 0; l < layers; ++l)
@@ -113,7 +113,7 @@ inline bool evict_in_place(const Context<cuda>& ctx, KVCache<cuda>& cache, const
     const std::int64_t at = std::int64_t(l) * kv_heads * len;
     const dim3 grid(unsigned(ceil_div(len, kThreads)), unsigned(kv_heads));
     rule_scores_kernel<kThreads><<<grid, kThreads, 0, ctx.stream()>>>(
-        cache.stats(l), cache.positions(l), len, cap, cache.stat_rows(), latest_position, rule.recent,
+        cache.stats(l), cache.positions(l), len, cache.capacity(l), cache.stat_rows(), latest_position, rule.recent,
         scratch.scores.data() + at, scratch.positions.data() + at);
     DC_CUDA_CHECK_LAUNCH("rule_scores_kernel");
   }
@@ -143,8 +143,8 @@ inline bool evict_in_place(const Context<cuda>& ctx, KVCache<cuda>& cache, const
   for (int l = 0; l < layers; ++l) {
     const std::int32_t* layer_slots = scratch.slots.data() + std::int64_t(l) * kv_heads * budget;
     cache.with_kv(l, [&](auto* k, auto* v) {
-      kv_compact_from_device(ctx, k, v, cache.stats(l), kv_heads, cache.head_dim(), cache.stat_rows(), cap,
-                             layer_slots, budget);
+      kv_compact_from_device(ctx, k, v, cache.stats(l), kv_heads, cache.head_dim(), cache.stat_rows(),
+                             cache.capacity(l), layer_slots, budget);
     });
   }
   cache.set_positions_from_backend(ctx, scratch.kept_positions.data(), budget);

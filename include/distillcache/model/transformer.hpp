@@ -86,6 +86,11 @@ class Transformer {
   KVCache<B> make_cache(int capacity, DType kv_type) const {
     return KVCache<B>(cache_shape_of(cfg_), capacity, kv_type);
   }
+  // A cache whose layer l holds up to capacities[l] slots (e.g. budgets that differ by layer).
+  KVCache<B> make_cache(std::span<const int> capacities) const { return make_cache(capacities, kv_type_); }
+  KVCache<B> make_cache(std::span<const int> capacities, DType kv_type) const {
+    return KVCache<B>(cache_shape_of(cfg_), capacities, kv_type);
+  }
   void set_kv_type(DType kv_type) {
     KVCache<B>::check_kv_type(kv_type);  // refuses what a cache would refuse, now
     kv_type_ = kv_type;
@@ -179,7 +184,8 @@ class Transformer {
     int row, rows;
   };
   // Per segment of a chunk: which of its queries feed the eviction statistics (positions >=
-  // observed_from()) and its attention shape (the capacity differs per cache).
+  // observed_from()) and its attention shape (window and capacity set per layer: the capacity
+  // differs per cache, and per layer in a cache made with layer capacities).
   struct SegmentRows {
     int first_observed;
     bool observed;
@@ -218,8 +224,7 @@ class Transformer {
     const int n = static_cast<int>(tokens.size());
     DC_CHECK(n > 0, "forward called with no tokens");
     check_cache(cache);
-    DC_CHECK(cache.length() + n <= cache.capacity(), "KV cache full: ", cache.length(), " + ", n,
-             " tokens exceed capacity ", cache.capacity());
+    cache.check_room(n);
     DC_CHECK(std::int64_t(cache.next_position()) + n <= cfg_.max_position, "context of ",
              cache.next_position() + n, " tokens exceeds the model's max_position ",
              cfg_.max_position);
@@ -287,8 +292,7 @@ class Transformer {
       rows_.push_back({std::clamp(cache.observed_from() - chunk_position, 0, seg.rows),
                        cache.observing(chunk_position + seg.rows - 1),
                        AttentionShape{cfg_.num_heads, cfg_.num_kv_heads, cfg_.head_dim,
-                                      cfg_.sliding_window, cfg_.attention_scale(),
-                                      cache.capacity()}});
+                                      cfg_.sliding_window, cfg_.attention_scale(), 0}});
     }
 
     float *x = x_.data(), *xn = xn_.data(), *q = q_.data(), *k = k_.data(), *v = v_.data(),
@@ -320,6 +324,7 @@ class Transformer {
         KVCache<B>& cache = *segments[s].cache;
         SegmentRows r = rows_[s];
         r.shape.window = window;  // Gemma: local layers windowed, global ones not
+        r.shape.capacity = cache.capacity(l);
         const int rows = segments[s].rows;
         const std::int64_t row = segments[s].row;
         float *qs = q + row * qd, *ks = k + row * kvd, *vs = v + row * kvd;
