@@ -1162,6 +1162,12 @@ TEST_CASE("Transformer<cuda, float> matches Transformer<cpu> with statistics and
 
 namespace {
 
+// Random fp32 weights for cfg on the device (uploaded on a context of their own).
+dc::Weights<dc::cuda, float> device_weights(const dc::ModelConfig& cfg, unsigned seed) {
+  Gpu upload_ctx;
+  return dc::upload_weights<float>(random_weights(cfg, seed, false), upload_ctx);
+}
+
 // Bit-identical caches: positions (host mirror and device), the used slots' K/V (bytes of the
 // storage type) and every statistics row of them.
 void check_same_cache(const Gpu& ctx, const dc::KVCache<dc::cuda>& a, const dc::KVCache<dc::cuda>& b) {
@@ -1210,12 +1216,7 @@ void check_in_place_eviction(double recent_fraction, dc::DType kv_type) {
   CAPTURE(recent_fraction);
   CAPTURE(dc::dtype_name(kv_type));
   const dc::ModelConfig cfg = eviction_config(0);
-  dc::Weights<dc::cuda, float> device_weights;
-  {
-    Gpu upload_ctx;
-    device_weights = dc::upload_weights<float>(random_weights(cfg, 99, false), upload_ctx);
-  }
-  dc::Transformer<dc::cuda, float> model(cfg, std::move(device_weights), 16);
+  dc::Transformer<dc::cuda, float> model(cfg, device_weights(cfg, 99), 16);
   model.set_kv_type(kv_type);
   dc::H2OPolicy device_policy(recent_fraction), host_policy(recent_fraction);
   dc::Budget budget = dc::Budget::of_tokens(12);
@@ -1263,12 +1264,7 @@ TEST_CASE("EvictingDecoder<cuda> with H2O evicts on the device: the host path's 
 
 TEST_CASE("evict_in_place on a cache with a capacity per layer: the uniform cache's keep-sets and logits, bit for bit") {
   const dc::ModelConfig cfg = eviction_config(0);
-  dc::Weights<dc::cuda, float> device_weights;
-  {
-    Gpu upload_ctx;
-    device_weights = dc::upload_weights<float>(random_weights(cfg, 99, false), upload_ctx);
-  }
-  dc::Transformer<dc::cuda, float> model(cfg, std::move(device_weights), 16);
+  dc::Transformer<dc::cuda, float> model(cfg, device_weights(cfg, 99), 16);
   const Gpu& ctx = model.context();
   std::vector<int> capacities(std::size_t(cfg.num_layers), 64);
   for (std::size_t l = 0; l < capacities.size(); l += 2) capacities[l] = 45;
@@ -1296,12 +1292,7 @@ TEST_CASE("evict_in_place on a cache with a capacity per layer: the uniform cach
 
 TEST_CASE("EvictingDecoder<cuda> evicts through the host where the in-place path does not apply") {
   const dc::ModelConfig cfg = eviction_config(0);
-  dc::Weights<dc::cuda, float> device_weights;
-  {
-    Gpu upload_ctx;
-    device_weights = dc::upload_weights<float>(random_weights(cfg, 99, false), upload_ctx);
-  }
-  dc::Transformer<dc::cuda, float> model(cfg, std::move(device_weights), 16);
+  dc::Transformer<dc::cuda, float> model(cfg, device_weights(cfg, 99), 16);
   dc::H2OPolicy h2o;
   dc::Budget with_sinks = dc::Budget::of_tokens(12);
   with_sinks.sink = 2;  // protected slots: the rule does not cover them
