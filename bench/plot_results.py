@@ -3,9 +3,10 @@
 
     bash scripts/plots.sh            # installs matplotlib into .venv, then runs this
 
-KL against budget: one panel per context length, one line per policy, from the evaluator's CSVs
-(`examples/eval --csv`: policy,granularity,budget,kl_mean,...). The learned policy's rows come
-from the eval_learned_* files and are drawn on top; the heuristics from eval_smollm2_*.
+KL and top-1 agreement against budget (kl_vs_budget_prefill_head.png): one column per context
+length, one line per policy, from the evaluator's CSVs (`examples/eval --csv`:
+policy,granularity,budget,kl_mean,top1_agreement,...): the shipped policy against every heuristic
+on the same 64 windows of held-out Vim text (SHIPPED_SOURCES says which run measured which rows).
 Task accuracy (relative accuracy against budget and a task x policy heatmap at 25 %, one panel
 per prompt length, and PREFIX_summary.md with the mean relative accuracies and the full cache's
 accuracy per task) comes from the task suite's CSVs (`examples/eval --task ... --csv`), given
@@ -31,38 +32,96 @@ def read_rows(path):
         return list(csv.DictReader(f))
 
 
-def kl_series(rows, granularity):
-    """{policy: [(budget, kl)]} for one granularity (TOVA's rows are per layer: kept as is)."""
+# The runs behind the README's figure, per context length: (file, the policies taken from it; None:
+# every policy in it). Every one is `examples/eval --text /usr/share/vim/vim90/doc --context L
+# --continuation 32 --budget 0.125,0.25,0.5 --granularity head --mode prefill --dtype f32
+# --max-contexts 64` (bench/results/README.md has each command): the evaluator is deterministic, so
+# the windows, the teacher and a policy's rows are the same in every run (H2O's rows agree to the
+# last digit across the runs that hold them).
+SHIPPED = "distillcache v10"
+SHIPPED_SOURCES = {
+    1024: [("eval_v10_L1024_64ctx_prefill_head.csv", {SHIPPED}),
+           ("eval_paired_L1024_64ctx_prefill_head.csv", {"h2o"}),
+           ("eval_heuristics_L1024_64ctx_prefill_head.csv", None)],
+    2048: [("eval_v10_L2048_64ctx_prefill_head.csv", {SHIPPED}),
+           ("eval_v4_L2048_64ctx_prefill_head.csv", {"h2o", "h2o:recent=0.75", "observed", "snapkv", "tova"}),
+           ("eval_heuristics_L2048_64ctx_prefill_head.csv", None)],
+}
+
+
+def shipped_rows(length):
+    """The rows of SHIPPED_SOURCES[length]; a policy measured by two of the files must agree."""
+    rows, seen = [], {}
+    for name, policies in SHIPPED_SOURCES[length]:
+        path = os.path.join(RESULTS, name)
+        if not os.path.exists(path):
+            print(f"plot_results: no {os.path.relpath(path)}, its rows left out")
+            continue
+        for r in read_rows(path):
+            if policies is not None and r["policy"] not in policies:
+                continue
+            key = (r["policy"], r["granularity"], r["budget"])
+            if key in seen:
+                if seen[key] != r["kl_mean"]:
+                    raise SystemExit(f"plot_results: {key} has KL {seen[key]} in one file, {r['kl_mean']} in {name}")
+                continue
+            seen[key] = r["kl_mean"]
+            rows.append(r)
+    return rows
+
+
+def kl_series(rows, granularity, column="kl_mean"):
+    """{policy: [(budget, value of `column`)]} for one granularity (TOVA's rows are per layer: kept
+    as is)."""
     series = defaultdict(list)
     for r in rows:
         if r["policy"] in ("full",):
             continue
         if r["granularity"] != granularity and not (r["policy"] == "tova" and r["granularity"] == "layer"):
             continue
-        series[r["policy"]].append((float(r["budget"]), float(r["kl_mean"])))
+        series[r["policy"]].append((float(r["budget"]), float(r[column])))
     return {p: sorted(v) for p, v in series.items()}
 
 
 def plot_kl(panels, out_path, title):
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.2), squeeze=False)
-    for ax, (label, series) in zip(axes[0], panels):
-        for policy, points in sorted(series.items()):
-            xs = [100 * b for b, _ in points]
-            ys = [k for _, k in points]
-            learned = policy.startswith("distillcache")
-            ax.plot(xs, ys, marker="o", linewidth=2.6 if learned else 1.2,
-                    color="black" if learned else None, label=policy, zorder=3 if learned else 2)
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xticks([12.5, 25, 50])
-        ax.set_xticklabels(["12.5 %", "25 %", "50 %"])
-        ax.set_xlabel("cache kept (fraction of the prompt)")
-        ax.set_ylabel("KL(full || evicted), nats per token")
-        ax.set_title(label)
-        ax.grid(True, which="both", alpha=0.3)
-    axes[0][-1].legend(fontsize=8, loc="upper right")
+    """panels: [(label, {policy: [(budget, kl)]}, {policy: [(budget, top-1)]} or None)]: KL on top
+    (log scale), top-1 agreement below where given."""
+    rows = 2 if any(top1 for _, _, top1 in panels) else 1
+    # One colour per policy in every panel (the panels need not hold the same policies), one legend.
+    names = sorted({p for _, kl, _ in panels for p in kl})
+    others = [p for p in names if not p.startswith("distillcache")]
+    palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    color = {p: palette[i % len(palette)] for i, p in enumerate(others)}
+    fig, axes = plt.subplots(rows, len(panels), figsize=(5.4 * len(panels), 4.0 * rows + 0.6), squeeze=False)
+    for col, (label, kl, top1) in enumerate(panels):
+        for row, (series, ylabel, log) in enumerate(
+                [(kl, "KL(full || evicted), nats per token", True),
+                 (top1, "top-1 agreement with the full cache", False)][:rows]):
+            ax = axes[row][col]
+            for policy, points in sorted((series or {}).items()):
+                xs = [100 * b for b, _ in points]
+                ys = [v for _, v in points]
+                learned = policy.startswith("distillcache")
+                ax.plot(xs, ys, marker="o", linewidth=2.6 if learned else 1.2,
+                        color="black" if learned else color[policy], label=policy, zorder=3 if learned else 2)
+            ax.set_xscale("log", base=2)
+            if log:
+                ax.set_yscale("log")
+            ax.set_xticks([12.5, 25, 50])
+            ax.set_xticklabels(["12.5 %", "25 %", "50 %"])
+            ax.set_xlabel("cache kept (fraction of the prompt)")
+            ax.set_ylabel(ylabel)
+            ax.set_title(label)
+            ax.grid(True, which="both", alpha=0.3)
+    handles = {}
+    for ax in axes.flat:
+        for line in ax.get_lines():
+            handles.setdefault(line.get_label(), line)
+    order = [p for p in names if p.startswith("distillcache")] + others
+    fig.legend([handles[p] for p in order if p in handles], [p for p in order if p in handles], fontsize=9,
+               loc="lower center", ncol=min(len(order), 5))
     fig.suptitle(title)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
     fig.savefig(out_path, dpi=110)
     plt.close(fig)
     print(f"plot_results: wrote {os.path.relpath(out_path)}")
@@ -170,8 +229,6 @@ def task_summary(rows):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--granularity", default="head")
-    ap.add_argument("--mode", default="prefill")
     ap.add_argument("--lengths", default="1024,2048")
     ap.add_argument("--tasks", action="append",
                     help="a task-suite CSV (examples/eval --task ... --csv); repeat for several lengths")
@@ -181,23 +238,21 @@ def main():
                          "named as the shipped one in an older CSV)")
     args = ap.parse_args()
     panels = []
-    for length in args.lengths.split(","):
-        series = {}
-        base = os.path.join(RESULTS, f"eval_smollm2_L{length}_{args.mode}_{args.granularity}.csv")
-        learned = os.path.join(RESULTS, f"eval_learned_L{length}_{args.mode}_{args.granularity}.csv")
-        if not os.path.exists(base):
-            print(f"plot_results: no {os.path.relpath(base)}, L = {length} left out")
+    for length in (int(x) for x in args.lengths.split(",")):
+        if length not in SHIPPED_SOURCES:
+            print(f"plot_results: no runs listed for L = {length} (SHIPPED_SOURCES), left out")
             continue
-        series.update(kl_series(read_rows(base), args.granularity))
-        if os.path.exists(learned):
-            # Only the shipped policy's rows (the file also keeps earlier versions for the record).
-            shipped = [r for r in read_rows(learned) if r["policy"] == "distillcache"]
-            series.update(kl_series(shipped, args.granularity))
-        series.pop("random", None)  # an order of magnitude above the rest: it flattens the plot
-        panels.append((f"SmolLM2-135M, L = {length}, {args.mode}, {args.granularity}", series))
+        rows = shipped_rows(length)
+        kl = kl_series(rows, "head")
+        top1 = kl_series(rows, "head", "top1_agreement")
+        for series in (kl, top1):
+            series["distillcache (shipped)"] = series.pop(SHIPPED, [])
+            if "tova" in series:  # TOVA's rule is one keep-set per layer (kvpress's TOVAPress)
+                series["tova (per layer)"] = series.pop("tova")
+        panels.append((f"SmolLM2-135M, L = {length}, prefill, 64 windows", kl, top1))
     if panels:
-        plot_kl(panels, os.path.join(RESULTS, f"kl_vs_budget_{args.mode}_{args.granularity}.png"),
-                "Held-out Vim help text: KL to the full cache (lower is better)")
+        plot_kl(panels, os.path.join(RESULTS, "kl_vs_budget_prefill_head.png"),
+                "Held-out Vim help text: the shipped policy against every heuristic (per KV head)")
     if args.tasks:
         # A (task, length, budget, policy) held by several files (e.g. the full cache, rerun beside
         # a new policy) is taken from the first file that has it, so that no cell counts twice.

@@ -174,12 +174,11 @@ TEST_CASE("KVCache with a capacity per layer: each layer's stride, the full laye
   CHECK(!cache.uniform_capacity());
   CHECK(cache.smallest_capacity() == 12);
   CHECK(cache.bytes_reserved() == std::size_t(32 + 12 + 20) * cache.bytes_per_slot_layer());
-  cache.append(ctx, 10);
+  cache.append(ctx, 10);  // every layer's new slots start at 0, but the strides differ: one copy each
   CHECK(cache.free_slots() == 2);
   check_positions_mirrored(cache);
   CHECK_THROWS_WITH_AS(cache.append(ctx, 3), doctest::Contains("10 + 3 tokens exceed capacity 12 of layer 1"),
                        dc::Error);
-  // Runs of layers with the same new slot but other strides are uploaded separately.
   cache.compact_layer(ctx, 1, std::vector<std::int32_t>{1, 3, 5});
   cache.append(ctx, 2);
   CHECK(cache.host_positions(1, 1) == std::vector<std::int32_t>{1, 3, 5, 10, 11});
@@ -206,7 +205,7 @@ TEST_CASE("a cache with a capacity per layer gives the logits of a uniform one; 
   auto model = tiny_model();
   const int layers = model.config().num_layers, vocab = model.config().vocab_size;
   std::vector<int> capacities;
-  for (int l = 0; l < layers; ++l) capacities.push_back(20 + 7 * (l % 3));  // 20, 27, 34, 20, ...
+  for (int l = 0; l < layers; ++l) capacities.push_back(20 + 7 * (l % 3));  // 20, 27 on the 2-layer model
   for (const dc::DType type : {dc::DType::f32, dc::DType::bf16}) {
     CAPTURE(dc::dtype_name(type));
     auto uniform = model.make_cache(40, type);

@@ -1090,9 +1090,10 @@ void check_transformer_with_eviction(int window, bool capacity_per_layer = false
   const std::span<const std::int32_t> all(tokens);
 
   // Capacities per layer: every layer's rows at its own stride (the most this test fills is 30).
+  // The smaller layer first, so that a wrong stride reads wrong values, not past an allocation.
   std::vector<int> capacities(std::size_t(cfg.num_layers), 64);
   if (capacity_per_layer)
-    for (std::size_t l = 1; l < capacities.size(); l += 2) capacities[l] = 41;
+    for (std::size_t l = 0; l < capacities.size(); l += 2) capacities[l] = 41;
   auto cache_cpu = reference.make_cache(std::span<const int>(capacities));
   auto cache_gpu = model.make_cache(std::span<const int>(capacities));
   cache_cpu.set_observed_from(10);

@@ -8,10 +8,11 @@
 //   positions(l)        [kv_heads, C]             original token position of each slot
 //   stats(l)            [kv_heads, stat_rows_per_kv_head(group), C]  accumulators
 //                                                 (math/features.hpp)
-// Every layer has the same capacity unless the cache was made with one per layer: a policy that
-// gives some layers more budget than others (the shipped one: three times in layers 18-20) then
-// reserves each layer what it keeps, not what its longest layer keeps. C is the stride of every
-// row of layer l: read it per layer.
+// Every layer has the same capacity unless the cache was made with one per layer, as
+// EvictingDecoder makes it after the prompt's compression: under a policy that gives some layers
+// more budget than others (the shipped one: three times in layers 18-20) each layer then reserves
+// what it keeps, not what the longest layer keeps. C is the stride of every row of layer l: read it
+// per layer.
 // Keys are stored after RoPE, so a slot's key stays valid wherever the slot moves: eviction
 // compacts slots in place and keeps positions and statistics in step, and attention masks each
 // head by its own positions, not by slot index. next_position() is the position the next
@@ -418,8 +419,9 @@ class KVCache {
 
   // After the backend compacted every layer itself (decode/in_place_eviction.cuh): each KV head of every layer
   // now holds `count` slots, at positions rows[(l * kv_heads + h) * count + i] (backend memory,
-  // [layers * kv_heads, count]). Copies them into the backend positions (one strided copy) and
-  // the host mirror (one copy back); the slots' contents are the caller's business.
+  // [layers * kv_heads, count]). Copies them into the backend positions (one strided copy per run
+  // of layers of one capacity) and the host mirror (one copy back); the slots' contents are the
+  // caller's business.
   void set_positions_from_backend(const Context<B>& ctx, const std::int32_t* rows, int count) {
     DC_CHECK(count >= 0 && count <= smallest_capacity(), "KV cache: ", count, " positions per head (capacity ",
              smallest_capacity(), ")");

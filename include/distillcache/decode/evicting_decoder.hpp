@@ -193,8 +193,9 @@ class EvictingDecoder {
     std::vector<int> reachable(std::size_t(layers), 0);
     std::int64_t reachable_slots = 0, reserved_slots = 0;
     for (int l = 0; l < layers; ++l) {
-      reachable[std::size_t(l)] = int(std::min<std::int64_t>(std::int64_t(cache_.length(l)) + max_new_tokens_,
-                                                             cache_.capacity(l)));
+      // (at least one slot: a layer trimmed to a window of 1 holds none, and max_new_tokens may be 0)
+      reachable[std::size_t(l)] = int(std::clamp<std::int64_t>(std::int64_t(cache_.length(l)) + max_new_tokens_, 1,
+                                                               cache_.capacity(l)));
       reachable_slots += reachable[std::size_t(l)];
       reserved_slots += cache_.capacity(l);
     }
