@@ -2,7 +2,9 @@
 // KV-cache positions and byte accounting.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <string>
 #include <vector>
@@ -126,4 +128,36 @@ TEST_CASE("all_finite and check_all_finite find every kind of non-finite entry, 
       CHECK_THROWS_WITH_AS(dc::check_all_finite(w, "values"), doctest::Contains(expected.c_str()),
                            dc::Error);
     }
+}
+
+TEST_CASE("contiguous_share hands each thread one run of items of about equal rows") {
+  // Items of uneven sizes (empty ones too) over [0, total), as a gather's groups are.
+  const std::vector<std::int64_t> sizes = {528, 528, 0, 1552, 1552, 1552, 528, 1, 528, 17, 0, 528};
+  std::vector<std::int64_t> begin(sizes.size());
+  std::int64_t total = 0;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    begin[i] = total;
+    total += sizes[i];
+  }
+  const std::int64_t largest = *std::max_element(sizes.begin(), sizes.end());
+  for (int threads = 1; threads <= 5; ++threads) {
+    CAPTURE(threads);
+    std::vector<std::int64_t> rows(std::size_t(threads), 0);
+    int previous = 0;
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      const int t = dc::cpu_detail::contiguous_share(begin[i], begin[i] + sizes[i], total, threads);
+      REQUIRE(t >= 0);
+      REQUIRE(t < threads);
+      CHECK(t >= previous);  // in row order the shares never go back: one run per thread
+      previous = t;
+      rows[std::size_t(t)] += sizes[i];
+    }
+    // An item goes to the run holding its middle row: a thread's rows stay within its run's
+    // length plus an item's on either side.
+    for (std::int64_t r : rows) CHECK(r <= total / threads + largest + 1);
+  }
+  CHECK(dc::cpu_detail::contiguous_share(0, 0, 0, 4) == 0);  // no rows at all
+  CHECK(dc::cpu_detail::contiguous_share(0, 10, 10, 2) == 1);  // one item of every row: its middle, row 5
+  CHECK(dc::cpu_detail::contiguous_share(0, 6, 10, 2) == 0);
+  CHECK(dc::cpu_detail::contiguous_share(4, 10, 10, 2) == 1);
 }

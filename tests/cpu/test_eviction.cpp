@@ -10,6 +10,7 @@
 #include <map>
 #include <numeric>
 #include <random>
+#include <string>
 
 #include <distillcache/distillcache.hpp>
 
@@ -211,6 +212,18 @@ TEST_CASE("validate names the first bad entry when the check runs in parallel (>
     f.group[100] = 7;
     f.column(dc::Feature::entropy)[50] = NAN;
   }, "row 100 has group 7");
+  // One group of every row (a shared keep-set): the float columns still split by rows among the
+  // threads, and a bad entry in either half is found.
+  dc::TokenFeatures one = good;
+  one.groups = {{0, 1, 0, 1, 0, one.size}};
+  std::fill(one.group.begin(), one.group.end(), 0);
+  one.validate();
+  for (const int row : {0, 39999, 40000, 79999}) {
+    dc::TokenFeatures f = one;
+    f.last_query_mass[std::size_t(row)] = -INFINITY;
+    const std::string message = "'last_query_mass': entry " + std::to_string(row) + " is -inf";
+    CHECK_THROWS_WITH_AS(f.validate(), doctest::Contains(message.c_str()), dc::Error);
+  }
 }
 
 namespace {

@@ -36,6 +36,7 @@
 
 #include "../core/copy.hpp"
 #include "../core/finite.hpp"
+#include "../cpu/parallel.hpp"
 #include "../math/features.hpp"
 #include "expected_attention.hpp"
 #include "kv_cache.hpp"
@@ -167,24 +168,29 @@ struct TokenFeatures {
     // In parallel from two chunks on: at 47k rows (B = 512 of 2048, 25 % of SmolLM2's 2k) the
     // features come cold from the last-level cache after the previous compaction, and one thread
     // took 90-100 us where two take 55 (H2O's whole eviction there takes about 1400).
+    // Each thread checks the groups of its contiguous share of the rows (cpu_detail::
+    // contiguous_share), the rows the gather wrote on it and the policy then scores on it.
     const std::vector<float>* floats[] = {&columns[0], &columns[1], &columns[2], &columns[3], &columns[4],
                                           &accumulated_mass, &last_query_mass, &key_norm, &expected_attention};
     static_assert(kNumFeatures == 5, "floats[] lists every feature column");
     constexpr int kCheckRows = 8192;
-    const int num_groups = int(groups.size()), chunks = (size + kCheckRows - 1) / kCheckRows;
+    const int num_groups = int(groups.size());
     int bad = 0;
-    DC_OMP(parallel if (size > 2 * kCheckRows))
+    DC_OMP(parallel reduction(| : bad) if (size > 2 * kCheckRows))
     {
-      DC_OMP(for schedule(dynamic) reduction(| : bad) nowait)
-      for (int g = 0; g < num_groups; ++g)
-        for (int r = groups[std::size_t(g)].row_begin; r < groups[std::size_t(g)].row_end; ++r)
-          bad |= group[std::size_t(r)] != g ? 1 : 0;
-      DC_OMP(for schedule(static) reduction(| : bad))
-      for (int c = 0; c < chunks; ++c) {
-        const std::size_t begin = std::size_t(c) * kCheckRows;
-        const std::size_t count = std::min<std::size_t>(kCheckRows, std::size_t(size) - begin);
+      const int thread = cpu_detail::thread_num(), threads = cpu_detail::num_threads();
+      for (int g = 0; g < num_groups; ++g) {
+        const FeatureGroup& grp = groups[std::size_t(g)];
+        if (cpu_detail::contiguous_share(grp.row_begin, grp.row_end, size, threads) != thread) continue;
+        for (int r = grp.row_begin; r < grp.row_end; ++r) bad |= group[std::size_t(r)] != g ? 1 : 0;
+      }
+      // The float columns by rows (one shared group still splits): thread t's t-th of them.
+      const std::size_t begin = std::size_t(std::int64_t(size) * thread / threads);
+      const std::size_t end = std::size_t(std::int64_t(size) * (thread + 1) / threads);
+      for (std::size_t row = begin; row < end; row += kCheckRows) {
+        const std::size_t count = std::min<std::size_t>(kCheckRows, end - row);
         for (const std::vector<float>* column : floats)
-          bad |= all_finite(std::span<const float>(column->data() + begin, count)) ? 0 : 2;
+          bad |= all_finite(std::span<const float>(column->data() + row, count)) ? 0 : 2;
       }
     }
     if (bad == 0) return;
@@ -442,14 +448,20 @@ void gather_features_into(TokenFeatures& f, const Context<B>& ctx, const KVCache
   for (auto* column : {&f.accumulated_mass, &f.last_query_mass, &f.key_norm, &f.expected_attention})
     column->resize(rows);
   f.group_value_norm_sum.resize(f.groups.size());
-  // Groups write disjoint rows: one task each (90 at head granularity on SmolLM2), in any order
-  // and on any thread with the same result.
+  // Groups write disjoint rows: one task each (90 at head granularity on SmolLM2), on any thread
+  // with the same result. Each thread takes a contiguous share of the rows, as the features'
+  // check and the policies' scoring after it do (cpu_detail::contiguous_share).
   const int num_plans = int(plans.size());
-  DC_OMP(parallel for schedule(dynamic) if (num_plans > 1 && rows > 4096))
-  for (int g = 0; g < num_plans; ++g) {
-    const Plan& p = plans[std::size_t(g)];
-    detail::write_group_rows(f, g, f.groups[std::size_t(g)].row_begin, stats, expected, evictable,
-                             *p.positions, p.l0, p.l1, p.h0, p.h1, group_size);
+  DC_OMP(parallel if (num_plans > 1 && rows > 4096))
+  {
+    const int thread = cpu_detail::thread_num(), threads = cpu_detail::num_threads();
+    for (int g = 0; g < num_plans; ++g) {
+      const FeatureGroup& group = f.groups[std::size_t(g)];
+      if (cpu_detail::contiguous_share(group.row_begin, group.row_end, f.size, threads) != thread) continue;
+      const Plan& p = plans[std::size_t(g)];
+      detail::write_group_rows(f, g, group.row_begin, stats, expected, evictable, *p.positions, p.l0, p.l1, p.h0,
+                               p.h1, group_size);
+    }
   }
 }
 

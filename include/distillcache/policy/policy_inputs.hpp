@@ -102,13 +102,6 @@ class LayerRanges {
   std::vector<LayerRangeGroups> ranges_;
 };
 
-// The rows of a range's groups, all together.
-inline int range_rows(const TokenFeatures& f, const LayerRangeGroups& range) {
-  int rows = 0;
-  for (int g : range.groups) rows += f.groups[std::size_t(g)].rows();
-  return rows;
-}
-
 inline LayerRanges layer_range_groups(const TokenFeatures& f, std::span<const int> layers) {
   const int groups = f.num_groups();
   LayerRanges out;

@@ -12,7 +12,6 @@
 // cost a fifth of what v10's scoring adds to H2O's.
 #include <algorithm>
 #include <cstdint>
-#include <numeric>
 #include <span>
 #include <vector>
 
@@ -48,22 +47,30 @@ inline void score_rules_then_mlp(const TokenFeatures& f, int recent, std::span<c
   const LayerRanges ranges = layer_range_groups(f, {});
   const std::vector<int> reserve_rows = reserve_rows_by_range(f, ranges, reserves);
   const int num_ranges = int(ranges.size());
-  // Largest ranges first (their rows), so that the last range a thread takes is a small one:
-  // layers given 3x the budget hold 3x the rows, and taken last they left a thread idle.
-  std::vector<int> order(ranges.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return range_rows(f, ranges[std::size_t(a)]) >
-                                                                         range_rows(f, ranges[std::size_t(b)]); });
+  // Each thread takes the ranges of its contiguous share of the rows (cpu_detail::
+  // contiguous_share), where the gather of the features and their check left them in its core's
+  // cache: handed out dynamically (largest first), the pass read most rows from the other core.
+  // A range's rows: from its first group's first row to its last group's last.
+  std::vector<std::int64_t> range_begin(ranges.size()), range_end(ranges.size());
+  for (std::size_t r = 0; r < ranges.size(); ++r) {
+    range_begin[r] = f.size;
+    for (int g : ranges[r].groups) {
+      range_begin[r] = std::min<std::int64_t>(range_begin[r], f.groups[std::size_t(g)].row_begin);
+      range_end[r] = std::max<std::int64_t>(range_end[r], f.groups[std::size_t(g)].row_end);
+    }
+  }
   int bad = 0;
-  DC_OMP(parallel if (num_ranges > 1 && f.size > 4096))
+  DC_OMP(parallel reduction(| : bad) if (num_ranges > 1 && f.size > 4096))
   {
     const detail::ForcedRows forced(f, recent, pinned);
     std::vector<std::int32_t> pin;
     detail::ReserveScratch reserve;
     OpenRowScorer::Scratch scratch = mlp.scratch();
-    DC_OMP(for schedule(dynamic) reduction(| : bad))
-    for (int i = 0; i < num_ranges; ++i) {
-      const int r = order[std::size_t(i)];
+    const int thread = cpu_detail::thread_num(), threads = cpu_detail::num_threads();
+    for (int r = 0; r < num_ranges; ++r) {
+      if (cpu_detail::contiguous_share(range_begin[std::size_t(r)], range_end[std::size_t(r)], f.size, threads) !=
+          thread)
+        continue;
       const LayerRangeGroups& range = ranges[std::size_t(r)];
       const int rows = reserve_rows[std::size_t(r)];
       const bool any_newest = newest.rows > 0 && std::any_of(range.groups.begin(), range.groups.end(),

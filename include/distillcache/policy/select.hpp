@@ -12,6 +12,7 @@
 #include "../cache/keep_sets.hpp"
 #include "../core/config.hpp"
 #include "../core/error.hpp"
+#include "../cpu/parallel.hpp"
 
 namespace dc {
 
@@ -169,12 +170,18 @@ inline KeepSets select_groups(std::span<const float> scores, const TokenFeatures
   for (int g = 0; g < groups; ++g)
     check_selection(group_scores(g), group_positions(g), budgets[std::size_t(g)], sink, recent);
   KeepSets keep(f.groups.size());
-  DC_OMP(parallel for schedule(dynamic) if (groups > 1 && f.size > 4096))
-  for (int g = 0; g < groups; ++g) {
-    auto chosen = top_budget(group_scores(g), group_positions(g), budgets[std::size_t(g)], sink, recent);
-    const auto rows = std::size_t(f.groups[std::size_t(g)].row_begin);
-    for (auto& r : chosen) r = f.slot[rows + std::size_t(r)];  // row in group -> slot
-    keep[std::size_t(g)] = std::move(chosen);
+  // Each thread the groups of its contiguous share of the rows, whose scores it wrote
+  // (cpu_detail::contiguous_share).
+  DC_OMP(parallel if (groups > 1 && f.size > 4096))
+  {
+    const int thread = cpu_detail::thread_num(), threads = cpu_detail::num_threads();
+    for (int g = 0; g < groups; ++g) {
+      const FeatureGroup& group = f.groups[std::size_t(g)];
+      if (cpu_detail::contiguous_share(group.row_begin, group.row_end, f.size, threads) != thread) continue;
+      auto chosen = top_budget(group_scores(g), group_positions(g), budgets[std::size_t(g)], sink, recent);
+      for (auto& r : chosen) r = f.slot[std::size_t(group.row_begin) + std::size_t(r)];  // row in group -> slot
+      keep[std::size_t(g)] = std::move(chosen);
+    }
   }
   return keep;
 }
