@@ -41,7 +41,8 @@ inline int num_threads() {
 // middle row. Passes over the same rows that share them out this way (the gather of an
 // eviction's features, their check, the policy's scores) give each thread the rows it wrote in
 // the pass before, still in its own core's cache: with the groups handed out in any order, H2O's
-// scoring (the features' check) at B = 512 of 2048 took 91 us where it takes 68.
+// scoring (the features' check) at B = 512 of 2048 took 89-92 us where it takes 52-56
+// (bench/results/README.md, "Every pass of an eviction on the rows it wrote").
 inline int contiguous_share(std::int64_t begin, std::int64_t end, std::int64_t total, int threads) {
   if (threads <= 1 || total <= 0) return 0;
   const std::int64_t share = (begin + end) * threads / (2 * total);  // (begin + end) / 2 is the middle row
