@@ -161,3 +161,49 @@ TEST_CASE("contiguous_share hands each thread one run of items of about equal ro
   CHECK(dc::cpu_detail::contiguous_share(0, 6, 10, 2) == 0);
   CHECK(dc::cpu_detail::contiguous_share(4, 10, 10, 2) == 1);
 }
+
+TEST_CASE("ContiguousRuns: a thread takes its own run in order, then the back of the nearest other run") {
+  // Three runs: items 0-2 (thread 0), none (thread 1), 3-6 (thread 2).
+  const std::vector<int> owner = {0, 0, 0, 2, 2, 2, 2};
+  {
+    dc::cpu_detail::ContiguousRuns runs(owner, 3);
+    std::vector<int> order;
+    for (int i = runs.next(1); i >= 0; i = runs.next(1)) order.push_back(i);
+    // thread 1 has no run: the nearest above (thread 2's) from its back, then thread 0's
+    CHECK(order == std::vector<int>{6, 5, 4, 3, 2, 1, 0});
+  }
+  {
+    dc::cpu_detail::ContiguousRuns runs(owner, 3);
+    CHECK(runs.next(0) == 0);
+    CHECK(runs.next(2) == 3);
+    CHECK(runs.next(0) == 1);
+    CHECK(runs.next(0) == 2);
+    CHECK(runs.next(0) == 6);  // its own run done: steals the far end of thread 2's
+    CHECK(runs.next(2) == 4);
+    CHECK(runs.next(2) == 5);
+    CHECK(runs.next(0) == -1);
+    CHECK(runs.next(2) == -1);
+    CHECK(runs.next(7) == -1);  // a thread number past the runs only steals
+  }
+  {
+    dc::cpu_detail::ContiguousRuns runs(owner, 3);
+    CHECK(runs.next(5) == 6);  // the nearest run to thread 5 is thread 2's
+  }
+  CHECK_THROWS_AS(dc::cpu_detail::ContiguousRuns(std::vector<int>{1, 0}, 2), dc::Error);  // not in order
+  CHECK_THROWS_AS(dc::cpu_detail::ContiguousRuns(std::vector<int>{0, 2}, 2), dc::Error);  // no such thread
+  // Every item taken exactly once however many threads share the runs (and with OpenMP, at once).
+  const int items = 1000;
+  std::vector<int> many(items);
+  for (int i = 0; i < items; ++i) many[std::size_t(i)] = i * 4 / items;
+  for (int team : {1, 2, 4, 6}) {
+    CAPTURE(team);
+    dc::cpu_detail::ContiguousRuns runs(many, 4);
+    std::vector<int> taken(items, 0);
+    DC_OMP(parallel num_threads(team))
+    {
+      for (int i = runs.next(dc::cpu_detail::thread_num()); i >= 0; i = runs.next(dc::cpu_detail::thread_num()))
+        ++taken[std::size_t(i)];  // distinct items: no two threads write one entry
+    }
+    CHECK(std::all_of(taken.begin(), taken.end(), [](int n) { return n == 1; }));
+  }
+}

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include <distillcache/cpu/mlp.hpp>
@@ -1038,14 +1039,16 @@ TEST_CASE("inference scores (inputs built into tiles) give the trainer's inputs-
     }
   }
   {  // Layer by layer (rules_then_mlp.hpp) gives the bits of the steps one after the other: the
-     // window, pins, a reserve in each layer (two reserves), a layer given to the newest query (its
-     // groups' keep-sets by give_layers_to_newest_query, 0 or 60 rows), 1 and 2 threads.
+     // window, pins (600 positions guided by layer 0, which the pass computes while it scores a
+     // layer that reads none), a reserve in each layer (two reserves), a layer given to the
+     // newest query (its groups' keep-sets by give_layers_to_newest_query, 0 or 60 rows), 1 and
+     // 2 threads.
     const dc::MlpLayout L(int(all.size()), {16}, dc::Activation::relu);
     const auto p = random_params(L, 37);
-    std::vector<char> pinned(6000, 0);
-    std::mt19937 pick(41);
-    for (char& c : pinned) c = pick() % 9 == 0 ? 1 : 0;
     const std::vector<int> layer0 = {0}, layer1 = {1};
+    const dc::NewestQueryPinRule pins{layer0, 600};
+    const std::vector<char> pinned = dc::newest_query_pinned_positions(f, pins.count, pins.guide);
+    REQUIRE(std::count(pinned.begin(), pinned.end(), 1) == 600);
     const std::vector<dc::NewestQueryReserve> reserves = {{layer0, 40}, {layer1, 7}};
     for (const std::vector<int>& newest_layers : {std::vector<int>(), layer1})
       for (int newest_rows : {0, 60}) {
@@ -1062,7 +1065,7 @@ TEST_CASE("inference scores (inputs built into tiles) give the trainer's inputs-
           const std::vector<float> got = dc_test::with_threads(threads, [&] {
             std::vector<float> s(std::size_t(f.size), NAN);
             const dc::OpenRowScorer mlp(f, all, 700, L, p.data(), dc::ScoreBase::h2o);
-            dc::score_rules_then_mlp(f, 900, pinned, reserves, {newest, newest_rows}, mlp, s);
+            dc::score_rules_then_mlp(f, 900, pins, reserves, {newest, newest_rows}, mlp, s);
             return s;
           });
           CAPTURE(threads);
@@ -1071,6 +1074,17 @@ TEST_CASE("inference scores (inputs built into tiles) give the trainer's inputs-
           CHECK(std::memcmp(expected.data(), got.data(), expected.size() * sizeof(float)) == 0);
         }
       }
+    // Pins that cannot be computed (a guide layer past the model's) throw from the pass, whichever
+    // thread computed them.
+    const std::vector<int> layer5 = {5};
+    for (int threads : {1, 2})
+      dc_test::with_threads(threads, [&] {
+        std::vector<float> s(std::size_t(f.size), NAN);
+        const dc::OpenRowScorer mlp(f, all, 700, L, p.data(), dc::ScoreBase::h2o);
+        CHECK_THROWS_WITH_AS(dc::score_rules_then_mlp(f, 900, {layer5, 10}, reserves, {}, mlp, s),
+                             doctest::Contains("guide layer 5 named, the model has 2 layers"), dc::Error);
+        return 0;
+      });
   }
   {  // Inputs no first-layer weight reads are not built: the same bits as building every one.
     const dc::MlpLayout L(int(all.size()), {16, 8}, dc::Activation::relu);
@@ -1269,6 +1283,41 @@ TEST_CASE("a linear correction's inference (its first unit alone) gives the whol
         std::fill(got.begin(), got.end(), NAN);
         dc::mlp_policy_scores(f, inputs, 100, layout, params.data(), got, 0, base);
         CHECK(std::memcmp(expected.data(), got.data(), expected.size() * sizeof(float)) == 0);
+        // Open rows scattered among forced ones (a recent window and pinned positions), so that
+        // runs of open rows are gathered, or with few forced rows scored in place: each open row
+        // keeps its bits, on the step-by-step path and on the layer-by-layer one
+        // (policy/rules_then_mlp.hpp).
+        for (const auto& [recent, pin_every] : {std::pair{50, 3}, std::pair{10, 10}}) {
+          CAPTURE(recent);
+          std::vector<char> pinned(std::size_t(f.latest_position) + 1, 0);
+          for (std::size_t p = 0; p < pinned.size(); p += std::size_t(pin_every)) pinned[p] = 1;
+          const auto check_open_rows = [&] {
+            int open = 0;
+            for (int r = 0; r < f.size; ++r) {
+              const int p = f.position[std::size_t(r)];
+              if (p > f.latest_position - recent || pinned[std::size_t(p)]) {
+                REQUIRE(got[std::size_t(r)] == INFINITY);
+              } else {
+                ++open;
+                REQUIRE(std::memcmp(&expected[std::size_t(r)], &got[std::size_t(r)], sizeof(float)) == 0);
+              }
+            }
+            return double(open) / f.size;
+          };
+          std::fill(got.begin(), got.end(), NAN);
+          dc::mlp_policy_scores(f, inputs, 100, layout, params.data(), got, recent, base, pinned);
+          const double open_share = check_open_rows();
+          CHECK(open_share < 0.9);
+          CHECK((open_share < 0.75) == (pin_every == 3));  // both ways of scoring open rows
+          // The pass computes its pins itself: as many positions, guided by the one layer.
+          const std::vector<int> layer0 = {0};
+          const int pins = int(std::count(pinned.begin(), pinned.end(), 1));
+          pinned = dc::newest_query_pinned_positions(f, pins, layer0);
+          std::fill(got.begin(), got.end(), NAN);
+          const dc::OpenRowScorer scorer(f, inputs, 100, layout, params.data(), base);
+          dc::score_rules_then_mlp(f, recent, {layer0, pins}, {}, {}, scorer, got);
+          CHECK((check_open_rows() < 0.75) == (pin_every == 3));
+        }
       }
       // Any other block is scored by the whole network: one more nonzero weight, a changed
       // pass-through, a bias.

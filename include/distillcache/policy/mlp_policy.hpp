@@ -405,8 +405,8 @@ class MlpPolicy final : public EvictionPolicy {
     // Pins first (with the recent window: mark_forced_rows sets both +inf), so the reserves then
     // choose among the rows still free. On another model the lists apply at the same depth; no
     // guide layer there means no pins.
-    const std::vector<char> pinned = newest_query_pinned_positions(
-        f, pin_tokens(budget, tokens), same_depth ? pin_layers_ : layer_list_at_depth(pin_layers_, depth, model_layers));
+    const std::vector<int> pin_guide = same_depth ? pin_layers_ : layer_list_at_depth(pin_layers_, depth, model_layers);
+    const NewestQueryPinRule pins{pin_guide, pin_tokens(budget, tokens)};
     // The newest-query layers' groups take the newest query's keep-set whole, so neither the
     // rules nor the MLP score them (on SmolLM2, 6 of its 90 groups at head granularity).
     const std::vector<int> newest_layers =
@@ -433,9 +433,10 @@ class MlpPolicy final : public EvictionPolicy {
     if (f.num_groups() > 1) {
       if (budget > 0 && f.size > 0) check_newest_query_layers(f, newest_layers);  // as the step's own check
       const OpenRowScorer mlp(f, inputs_, budget, layout_, params_.data(), score_base_);
-      score_rules_then_mlp(f, recent_tokens(budget), pinned, reserves, {rescored, budget}, mlp, scores);
+      score_rules_then_mlp(f, recent_tokens(budget), pins, reserves, {rescored, budget}, mlp, scores);
       return;
     }
+    const std::vector<char> pinned = newest_query_pinned_positions(f, pins.count, pins.guide);
     mark_forced_rows(f, recent_tokens(budget), pinned, rescored, scores);
     reserve_newest_query_rows(f, reserves, scores, rescored);
     mlp_score_open_rows(f, inputs_, budget, layout_, params_.data(), scores, score_base_, rescored);
