@@ -1287,7 +1287,9 @@ TEST_CASE("a linear correction's inference (its first unit alone) gives the whol
         // runs of open rows are gathered, or with few forced rows scored in place: each open row
         // keeps its bits, on the step-by-step path and on the layer-by-layer one
         // (policy/rules_then_mlp.hpp).
-        for (const auto& [recent, pin_every] : {std::pair{50, 3}, std::pair{10, 10}}) {
+        for (const std::pair<int, int>& window_and_pins : {std::pair{50, 3}, std::pair{10, 10}}) {
+          // (not a structured binding: clang 15 cannot capture one in the lambda below)
+          const int recent = window_and_pins.first, pin_every = window_and_pins.second;
           CAPTURE(recent);
           std::vector<char> pinned(std::size_t(f.latest_position) + 1, 0);
           for (std::size_t p = 0; p < pinned.size(); p += std::size_t(pin_every)) pinned[p] = 1;
